@@ -1,0 +1,36 @@
+"""``rollout:`` — generation engines: how many, where, and how they sample."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from hetrl.config.base import Section
+
+
+class RolloutConfig(Section):
+    placement: Literal["colocated", "disaggregated"] = Field(
+        "colocated", description="colocated: engines share the trainer's GPUs (sleep/wake); disaggregated: engines on nodes of their own."
+    )
+    engine_tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size inside one vLLM engine.")
+    num_engines: int | None = Field(None, ge=1, description="Engines in the job; null fills the GPUs given to generation.")
+    engine_nodes: int | None = Field(
+        None, ge=1, description="disaggregated: nodes for engines (the rest train); null splits the nodes in half."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 disables).")
+    max_tokens: int = Field(64, ge=1, description="Response token budget per turn.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    max_model_len: int | None = Field(None, ge=16, description="Engine context length; null = model.max_position_embeddings.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Engine weights dtype; auto = trainer precision.")
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may take.")
+    kv_cache_memory_mb: int = Field(512, ge=16, description="CPU engines: KV-cache memory (vLLM otherwise reserves ~90% of RAM).")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs (always on for CPU engines).")
+    weight_sync: Literal["auto", "collective", "ipc", "filesystem"] = Field(
+        "auto", description="Trainer->engine weight transport: auto = ipc when colocated on GPU, collective otherwise."
+    )
+    weight_sync_bucket_mb: int = Field(256, ge=1, description="Bucket size of the streamed weight sync.")
+    verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")
+    partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")

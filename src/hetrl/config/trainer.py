@@ -1,0 +1,48 @@
+"""``trainer:`` — Megatron-core parallelism and optimisation of the policy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hetrl.config.base import Section
+
+
+class TrainerConfig(Section):
+    tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size (TP) of the trainer.")
+    pipeline_parallel: int = Field(1, ge=1, description="Pipeline-parallel size (PP).")
+    expert_parallel: int = Field(1, ge=1, description="Expert-parallel size (EP), MoE models only.")
+    context_parallel: int = Field(1, ge=1, description="Context-parallel size (CP) for long sequences.")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tensor_parallel > 1; GPU only).")
+    precision: Literal["fp32", "bf16"] = Field("bf16", description="Training precision; CPU runs must use fp32.")
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
+        "auto", description="Layer implementation: transformer_engine on GPU when installed, local otherwise (auto)."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass on one DP rank.")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="Sequences per optimizer step across all DP ranks; null = one step per rollout batch (prompts x group_size)."
+    )
+    lr: float = Field(1e-6, gt=0.0, description="Peak learning rate.")
+    min_lr: float = Field(0.0, ge=0.0, description="Learning rate at the end of the decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup.")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warmup.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, ge=0.0, description="Global grad-norm clip (0 disables).")
+    distributed_optimizer: bool = Field(True, description="Shard optimizer state across DP ranks (Megatron distributed optimizer).")
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps (PPO epochs x minibatches) taken on each rollout batch.")
+    recompute_activations: bool = Field(False, description="Activation recomputation to save memory.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerConfig":
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError("trainer.sequence_parallel=true needs trainer.tensor_parallel > 1")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs one model replica spans (TP x PP x CP); EP folds into data parallelism."""
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel

@@ -1,0 +1,259 @@
+"""The placement plan: which process runs which role on which node and GPUs.
+
+Computed once from the validated config, before anything is submitted, and written into the run
+directory; every process reads the same plan and finds its role from its MPI world rank. The rank
+order follows srun's block distribution inside each heterogeneous component (ranks of a node are
+consecutive), so the same table is right under ``mpiexec`` and under ``srun --het-group``.
+
+Layout rules (each violation raises :class:`PlanError` saying why and suggesting a valid choice):
+  * trainer world = trainer nodes x GPUs per node = TP x PP x CP x DP; experts add EP, which
+    must divide the world with TP x PP (Megatron's expert-parallel groups) and the expert count;
+  * TP divides the attention heads, the KV heads and the MLP width, and stays inside a node;
+    PP divides the layers;
+  * an engine's TP divides the GPUs of a node; colocated engines tile the trainer's GPUs,
+    disaggregated engines get nodes of their own;
+  * reward/verifier/sandbox workers and the orchestrator live on the CPU partition.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hetrl.config.schema import HetrlConfig
+
+ROLES = ("trainer", "rollout", "reward", "orchestrator")
+
+
+class PlanError(ValueError):
+    """A layout that cannot run; the message says why and what would."""
+
+
+@dataclass(frozen=True)
+class TrainerLayout:
+    nodes: int
+    world_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    context_parallel: int
+    expert_parallel: int
+    data_parallel: int
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    placement: str
+    nodes: int  # nodes of their own (0 when colocated)
+    num_engines: int
+    engine_tensor_parallel: int
+
+
+@dataclass(frozen=True)
+class Component:
+    """One heterogeneous-job component (one ``#SBATCH hetjob`` block, one ``--het-group``)."""
+
+    name: str
+    partition: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    roles: tuple[str, ...]
+    num_tasks: int = 0  # total tasks when not nodes x tasks_per_node (the CPU component's extra orchestrator)
+
+    @property
+    def total_tasks(self) -> int:
+        return self.num_tasks or self.nodes * self.tasks_per_node
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    world_rank: int
+    role: str
+    role_rank: int
+    component: str
+    node: int  # node index within the component
+    gpus: tuple[int, ...] = ()  # local GPU ids this rank drives
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    gpus_per_node: int
+    trainer: TrainerLayout
+    rollout: RolloutLayout
+    num_reward_workers: int
+    components: tuple[Component, ...]
+    assignments: tuple[RankAssignment, ...] = field(repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.assignments)
+
+    def ranks_of(self, role: str) -> list[int]:
+        return [a.world_rank for a in self.assignments if a.role == role]
+
+    def role_sizes(self) -> dict[str, int]:
+        return {role: len(self.ranks_of(role)) for role in ROLES}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        return cls(
+            nodes=raw["nodes"], gpus_per_node=raw["gpus_per_node"],
+            trainer=TrainerLayout(**raw["trainer"]), rollout=RolloutLayout(**raw["rollout"]),
+            num_reward_workers=raw["num_reward_workers"],
+            components=tuple(Component(**{**c, "roles": tuple(c["roles"])}) for c in raw["components"]),
+            assignments=tuple(RankAssignment(**{**a, "gpus": tuple(a["gpus"])}) for a in raw["assignments"]),
+        )
+
+    def save(self, run_dir: Path) -> Path:
+        path = Path(run_dir) / "plan.json"
+        path.write_text(self.to_json())
+        return path
+
+
+def make_plan(cfg: HetrlConfig) -> Plan:
+    """Compute and validate the layout of every role for ``cfg.nodes`` nodes."""
+    if cfg.cluster.gpus_per_node == 0:
+        return _cpu_plan(cfg)
+    return _gpu_plan(cfg)
+
+
+def _cpu_plan(cfg: HetrlConfig) -> Plan:
+    """This machine, no GPU: one local 'node'; DP only as wide as expert parallelism needs."""
+    if cfg.nodes != 1:
+        raise PlanError(f"nodes={cfg.nodes} with a CPU-only cluster profile (cluster.gpus_per_node=0): local runs use nodes=1")
+    if cfg.rollout.engine_tensor_parallel != 1:
+        raise PlanError(f"rollout.engine_tensor_parallel={cfg.rollout.engine_tensor_parallel}: CPU engines run without TP; use 1")
+    t = cfg.trainer
+    data_parallel = t.expert_parallel
+    world = t.model_parallel_size * data_parallel
+    trainer = _check_trainer(cfg, nodes=1, world=world)
+    rollout = RolloutLayout("colocated" if cfg.rollout.placement == "colocated" else "disaggregated", 0, cfg.rollout.num_engines or 1, 1)
+    num_reward = max(1, cfg.cluster.cpu_nodes * cfg.cluster.reward_workers_per_node)
+    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward": num_reward, "orchestrator": 1}
+    assignments, rank = [], 0
+    for role in ROLES:
+        for role_rank in range(role_counts[role]):
+            assignments.append(RankAssignment(rank, role, role_rank, "local", 0))
+            rank += 1
+    component = Component("local", "local", 1, len(assignments), 0, ROLES)
+    return Plan(1, 0, trainer, rollout, num_reward, (component,), tuple(assignments))
+
+
+def _gpu_plan(cfg: HetrlConfig) -> Plan:
+    gpn, nodes, r = cfg.cluster.gpus_per_node, cfg.nodes, cfg.rollout
+    if gpn % r.engine_tensor_parallel:
+        raise PlanError(f"rollout.engine_tensor_parallel={r.engine_tensor_parallel} does not divide the {gpn} GPUs of a node; valid: {_divisors(gpn)}")
+    if r.placement == "colocated":
+        trainer_nodes, engine_nodes = nodes, 0
+    else:
+        engine_nodes = r.engine_nodes if r.engine_nodes is not None else max(1, nodes // 2)
+        trainer_nodes = nodes - engine_nodes
+        if trainer_nodes < 1:
+            raise PlanError(
+                f"rollout.placement=disaggregated with nodes={nodes} and rollout.engine_nodes={engine_nodes} leaves no trainer node; "
+                + (f"use rollout.engine_nodes<={nodes - 1}, " if nodes > 1 else f"use nodes>={engine_nodes + 1}, ")
+                + "or rollout.placement=colocated"
+            )
+    trainer = _check_trainer(cfg, nodes=trainer_nodes, world=trainer_nodes * gpn)
+    nodes_with_engines = engine_nodes or trainer_nodes
+    slots_per_node = gpn // r.engine_tensor_parallel
+    num_engines = r.num_engines or nodes_with_engines * slots_per_node
+    if num_engines % nodes_with_engines or num_engines > nodes_with_engines * slots_per_node:
+        valid = [nodes_with_engines * k for k in range(1, slots_per_node + 1)]
+        raise PlanError(
+            f"rollout.num_engines={num_engines} cannot be spread evenly over {nodes_with_engines} engine nodes with "
+            f"{slots_per_node} engine slots of TP {r.engine_tensor_parallel} each; valid: {valid}"
+        )
+    if cfg.cluster.cpu_nodes < 1:
+        raise PlanError("reward workers and the orchestrator run on the CPU partition: set cluster.cpu_nodes >= 1")
+    rollout = RolloutLayout(r.placement, engine_nodes, num_engines, r.engine_tensor_parallel)
+    return _assemble_gpu(cfg, trainer, rollout, engines_per_node=num_engines // nodes_with_engines)
+
+
+def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayout, engines_per_node: int) -> Plan:
+    """Lay ranks out node by node (srun's block order): a node's trainer ranks, then its engines."""
+    gpn, tp_e = cfg.cluster.gpus_per_node, rollout.engine_tensor_parallel
+    colocated = rollout.placement == "colocated"
+    assignments: list[RankAssignment] = []
+    counters = dict.fromkeys(ROLES, 0)
+
+    def add(role: str, component: str, node: int, gpus: tuple[int, ...] = ()) -> None:
+        assignments.append(RankAssignment(len(assignments), role, counters[role], component, node, gpus))
+        counters[role] += 1
+
+    def add_engines(component: str, node: int) -> None:
+        for slot in range(engines_per_node):
+            add("rollout", component, node, tuple(range(slot * tp_e, (slot + 1) * tp_e)))
+
+    for node in range(trainer.nodes):
+        for gpu in range(gpn):
+            add("trainer", "train", node, (gpu,))
+        if colocated:
+            add_engines("train", node)
+    train_tasks = gpn + (engines_per_node if colocated else 0)
+    components = [Component("train", cfg.cluster.gpu_partition, trainer.nodes, train_tasks, gpn,
+                            ("trainer", "rollout") if colocated else ("trainer",))]
+    if not colocated:
+        for node in range(rollout.nodes):
+            add_engines("rollout", node)
+        components.append(Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",)))
+    # CPU partition: reward workers fill it; the (light) orchestrator is one extra task on its first node.
+    cpu_nodes, per_node = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node
+    add("orchestrator", "cpu", 0)
+    for node in range(cpu_nodes):
+        for _ in range(per_node):
+            add("reward", "cpu", node)
+    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, ("orchestrator", "reward"), cpu_nodes * per_node + 1))
+    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments))
+
+
+def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
+    t, m, gpn = cfg.trainer, cfg.model, cfg.cluster.gpus_per_node
+    tp, pp, cp, ep = t.tensor_parallel, t.pipeline_parallel, t.context_parallel, t.expert_parallel
+    checks = [
+        ("num_attention_heads", m.num_attention_heads),
+        ("num_query_groups", m.num_query_groups),
+        ("ffn_hidden_size", m.ffn_hidden_size),
+    ]
+    for name, value in checks:
+        if value % tp:
+            valid = [d for d in _divisors(value) if not gpn or d <= gpn]
+            raise PlanError(f"trainer.tensor_parallel={tp} does not divide model.{name}={value}; valid tensor_parallel values: {valid[:8]}")
+    if gpn and tp > gpn:
+        raise PlanError(f"trainer.tensor_parallel={tp} spans nodes ({gpn} GPUs per node); keep TP inside a node: tensor_parallel <= {gpn}")
+    if m.num_layers % pp:
+        raise PlanError(f"trainer.pipeline_parallel={pp} does not divide model.num_layers={m.num_layers}; valid: {_divisors(m.num_layers)[:10]}")
+    if m.is_moe and m.num_experts % ep:
+        raise PlanError(f"trainer.expert_parallel={ep} does not divide model.num_experts={m.num_experts}; valid: {_divisors(m.num_experts)}")
+    model_parallel = tp * pp * cp
+    if world % model_parallel:
+        raise PlanError(
+            f"{world} trainer GPUs are not divisible by TP x PP x CP = {tp} x {pp} x {cp} = {model_parallel}"
+            + _nearby_nodes_hint(cfg, lambda w: w % model_parallel == 0 and w % (tp * pp * ep) == 0)
+        )
+    if world % (tp * pp * ep):
+        raise PlanError(
+            f"{world} trainer GPUs are not divisible by TP x PP x EP = {tp} x {pp} x {ep} = {tp * pp * ep} (expert-parallel groups)"
+            + _nearby_nodes_hint(cfg, lambda w: w % model_parallel == 0 and w % (tp * pp * ep) == 0)
+        )
+    return TrainerLayout(nodes, world, tp, pp, cp, ep, world // model_parallel)
+
+
+def _nearby_nodes_hint(cfg: HetrlConfig, fits) -> str:
+    gpn = cfg.cluster.gpus_per_node
+    if not gpn:
+        return ""
+    engine_nodes = 0 if cfg.rollout.placement == "colocated" else (cfg.rollout.engine_nodes or cfg.nodes // 2)
+    candidates = [n for n in range(1, 4 * cfg.nodes + 8) if n > engine_nodes and fits((n - engine_nodes) * gpn)]
+    nearest = sorted(candidates, key=lambda n: (abs(n - cfg.nodes), n))[:3]
+    return f"; nearby node counts that fit: {sorted(nearest)}" if nearest else ""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

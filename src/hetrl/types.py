@@ -1,0 +1,98 @@
+"""Records that cross role boundaries (rollout -> reward -> trainer), as plain dataclasses.
+
+They carry token ids, never re-tokenised text as the source of truth: the trainer must see the very
+tokens the engine sampled. Everything here is picklable and torch-free, so the MPI control plane
+can ship it between processes and a login node can import it.
+
+Alignment convention (used by every role): for a sample whose full sequence is
+``prompt_ids + completion_ids``, the per-token lists ``loss_mask``, ``logprobs`` and ``versions``
+have ``len(completion_ids)`` entries, one per completion token. In a multi-turn episode the
+completion interleaves policy tokens (``loss_mask=1``, sampled by an engine) with environment
+observation tokens (``loss_mask=0``, whose ``logprobs``/``versions`` entries are 0 / -1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """What an engine needs to sample one request (mirrors ``rollout`` keys of the recipe)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt sent to an engine; ``request_id`` is unique per run."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    # Images (PIL or encoded bytes) for multimodal prompts, passed through to engines that take them.
+    images: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class GenerationResult:
+    """One sampled completion of one request (a request with n=4 yields 4 results)."""
+
+    request_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the engine's policy
+    versions: list[int]  # weight version that generated each token (partial rollouts mix them)
+    finish_reason: str  # "stop" | "length" | "abort" | "rejected"
+    error: str | None = None  # why a request was rejected (e.g. prompt longer than the context)
+
+
+@dataclass
+class Sample:
+    """A finished episode, ready for reward and then training.
+
+    ``sample_id`` is unique per run and stable across retries, so the loop can prove that no
+    sample is lost or trained on twice; ``group_id`` ties the n samples of one prompt together
+    (GRPO-style group advantages).
+    """
+
+    sample_id: str
+    group_id: str
+    task_name: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str = "stop"
+    prompt_text: str = ""
+    completion_text: str = ""
+    answer: Any = None  # reference answer / tests, as the task defines it; never shown to the policy
+    rewards: dict[str, float] = field(default_factory=dict)  # per reward source
+    reward: float = 0.0  # the weighted total the advantage uses
+    flags: list[str] = field(default_factory=list)  # reward-hacking and sanity flags
+    num_turns: int = 1
+    num_tool_calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        lengths = {"loss_mask": len(self.loss_mask), "logprobs": len(self.logprobs), "versions": len(self.versions)}
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(f"sample {self.sample_id}: per-token lists must have {n} entries (completion length), got {bad}")
+
+    @property
+    def min_version(self) -> int:
+        """Oldest weight version among the policy tokens (-1 when there are none)."""
+        policy_versions = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(policy_versions) if policy_versions else -1
