@@ -137,7 +137,14 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 
 def _is_group_choice(recipes_dir: Path, key: str, value: Any) -> bool:
-    return "." not in key and isinstance(value, str) and (recipes_dir / key / f"{value}.yaml").is_file()
+    """``model=NAME`` picks recipes/model/NAME.yaml; a name with no such file is an error, not a value."""
+    group_dir = recipes_dir / key
+    if "." in key or not isinstance(value, str) or not group_dir.is_dir():
+        return False
+    if not (group_dir / f"{value}.yaml").is_file():
+        options = sorted(p.stem for p in group_dir.glob("*.yaml"))
+        raise ConfigError(f"override {key}={value}: no {key!r} named {value!r}{_did_you_mean(value, options)}; available: {', '.join(options)}")
+    return True
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -184,7 +191,8 @@ def format_validation_error(err: ValidationError) -> str:
             hint = _did_you_mean(str(loc[-1]), valid)
             lines.append(f"unknown key {dotted!r}{hint}; valid keys here: {', '.join(valid)}")
         elif item["type"] == "value_error":
-            lines.append(f"{dotted}: {item['msg'].removeprefix('Value error, ')}")
+            reason = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{dotted}: {reason}" if loc else reason)
         else:
             lines.append(f"{dotted}: got {item.get('input')!r}; {item['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)

@@ -15,7 +15,7 @@ class TrainerConfig(Section):
     expert_parallel: int = Field(1, ge=1, description="Expert-parallel size (EP), MoE models only.")
     context_parallel: int = Field(1, ge=1, description="Context-parallel size (CP) for long sequences.")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tensor_parallel > 1; GPU only).")
-    precision: Literal["fp32", "bf16"] = Field("bf16", description="Training precision; CPU runs must use fp32.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="Training precision: bf16 on GPUs; CPU runs must use fp32.")
     transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
         "auto", description="Layer implementation: transformer_engine on GPU when installed, local otherwise (auto)."
     )

@@ -1,0 +1,81 @@
+"""Start-up handshake: every rank proves it runs the same plan before any work is exchanged.
+
+Each non-orchestrator rank sends HELLO with its plan slice (role, role rank, GPUs) and a digest of
+the plan it loaded; the orchestrator checks that every rank of the plan answered with the same
+digest, sends START, takes ``beats`` heartbeats from everyone, and writes ``handshake.json`` into
+the run directory. A rank that does not answer within ``timeout_s`` fails the job with its name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from hetrl.control.comm import RoleContext, Tag, recv, send
+
+
+def plan_digest(ctx: RoleContext) -> str:
+    return hashlib.sha256(ctx.plan.to_json().encode()).hexdigest()[:16]
+
+
+def run_handshake(ctx: RoleContext, run_dir: Path, beats: int = 2, interval_s: float = 0.05, timeout_s: float = 120.0) -> dict | None:
+    """Run the handshake on every rank; the orchestrator returns the record it wrote, others None."""
+    if ctx.role == "orchestrator":
+        return _orchestrate(ctx, Path(run_dir), beats, timeout_s)
+    _participate(ctx, beats, interval_s, timeout_s)
+    return None
+
+
+def _participate(ctx: RoleContext, beats: int, interval_s: float, timeout_s: float) -> None:
+    hello = {
+        **asdict(ctx.assignment),
+        "digest": plan_digest(ctx),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "role_size": ctx.role_comm.Get_size(),
+    }
+    send(ctx.world, hello, ctx.orchestrator_rank, Tag.HELLO)
+    recv(ctx.world, ctx.orchestrator_rank, Tag.START, timeout_s)
+    for beat in range(beats):
+        send(ctx.world, {"rank": ctx.rank, "beat": beat, "time": time.time()}, ctx.orchestrator_rank, Tag.HEARTBEAT)
+        time.sleep(interval_s)
+    recv(ctx.world, ctx.orchestrator_rank, Tag.SHUTDOWN, timeout_s)
+
+
+def _orchestrate(ctx: RoleContext, run_dir: Path, beats: int, timeout_s: float) -> dict:
+    others = [a.world_rank for a in ctx.plan.assignments if a.world_rank != ctx.rank]
+    digest = plan_digest(ctx)
+    hellos: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(hellos) < len(others):
+        remaining = deadline - time.monotonic()
+        try:
+            obj, source, _ = recv(ctx.world, tag=Tag.HELLO, timeout_s=max(remaining, 0.0))
+        except TimeoutError:
+            missing = sorted(set(others) - set(hellos))
+            raise TimeoutError(f"handshake: no HELLO within {timeout_s:.0f} s from ranks {missing}") from None
+        if obj["digest"] != digest:
+            raise RuntimeError(f"handshake: rank {source} ({obj['role']}) loaded a different plan (digest {obj['digest']} != {digest})")
+        hellos[source] = obj
+    for rank in others:
+        send(ctx.world, {"go": True}, rank, Tag.START)
+    heartbeats = {rank: 0 for rank in others}
+    for _ in range(beats * len(others)):
+        obj, source, _ = recv(ctx.world, tag=Tag.HEARTBEAT, timeout_s=timeout_s)
+        heartbeats[source] += 1
+    for rank in others:
+        send(ctx.world, {"bye": True}, rank, Tag.SHUTDOWN)
+    record = {
+        "digest": digest,
+        "world_size": ctx.plan.world_size,
+        "ranks": [hellos[r] for r in sorted(hellos)],
+        "heartbeats": heartbeats,
+        "orchestrator": {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()},
+    }
+    (run_dir / "handshake.json").write_text(json.dumps(record, indent=1))
+    return record

@@ -1,0 +1,85 @@
+"""``launch.py``'s command line: ``[recipe=NAME] [key=value ...] [--dry-run]`` and run subcommands.
+
+Argument parsing stays here (the app), never in the library: everything below takes typed values.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from hetrl.config.loader import ConfigError, load_config, save_resolved
+from hetrl.config.schema import HetrlConfig
+from hetrl.launch.plan import Plan, PlanError, make_plan
+
+USAGE = """\
+usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
+       python launch.py status|logs|cancel RUN_DIR
+
+  recipe=NAME   a recipe under recipes/ (default tiny_grpo) or a path to a YAML file
+  key=value     override any recipe key, e.g. nodes=128 trainer.tensor_parallel=4
+  --dry-run     print the plan and the job script without running anything
+"""
+
+
+def main(argv: list[str]) -> int:
+    console = Console(stderr=True)
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    flags = [a for a in argv if a.startswith("--")]
+    unknown = [f for f in flags if f != "--dry-run"]
+    if unknown:
+        console.print(f"[red]error:[/red] unknown option(s) {' '.join(unknown)}\n{USAGE}")
+        return 2
+    words = [a for a in argv if not a.startswith("--")]
+    loose = [w for w in words if "=" not in w]
+    if loose:
+        console.print(f"[red]error:[/red] expected key=value, got {' '.join(loose)!r}\n{USAGE}")
+        return 2
+    recipe = next((w.split("=", 1)[1] for w in words if w.startswith("recipe=")), "tiny_grpo")
+    overrides = [w for w in words if not w.startswith("recipe=")]
+    try:
+        cfg = load_config(recipe, overrides)
+        plan = make_plan(cfg)
+    except (ConfigError, PlanError) as err:
+        console.print(f"[red]error:[/red] {err}", markup=False, highlight=False)
+        return 2
+    run_dir = prepare_run_dir(cfg, plan)
+    if "--dry-run" in flags:
+        return dry_run(cfg, plan, run_dir, Console())
+    return launch(cfg, plan, run_dir)
+
+
+def prepare_run_dir(cfg: HetrlConfig, plan: Plan) -> Path:
+    """Create the run directory with the resolved config and the plan every rank reads."""
+    run_dir = Path(cfg.run.output_dir).resolve() / cfg.run.name
+    save_resolved(cfg, run_dir)
+    plan.save(run_dir)
+    return run_dir
+
+
+def dry_run(cfg: HetrlConfig, plan: Plan, run_dir: Path, console: Console) -> int:
+    from hetrl.launch.display import plan_tables
+
+    for table in plan_tables(cfg, plan):
+        console.print(table)
+    if cfg.cluster.launcher == "local":
+        from hetrl.launch.local import mpiexec_command
+
+        console.print("local launch command:\n  " + " ".join(mpiexec_command(cfg, plan, run_dir)), markup=False, highlight=False)
+    return 0
+
+
+def launch(cfg: HetrlConfig, plan: Plan, run_dir: Path) -> int:
+    if cfg.cluster.launcher == "local":
+        from hetrl.launch.local import run_local
+
+        return run_local(cfg, plan, run_dir)
+    raise NotImplementedError("slurm launcher")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

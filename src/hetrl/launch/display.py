@@ -1,0 +1,31 @@
+"""Human-readable views of a plan (the ``--dry-run`` output)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from hetrl.config.schema import HetrlConfig
+from hetrl.launch.plan import Plan
+
+
+def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
+    """Two tables: the job's components (what Slurm allocates) and the parallel layout of each role."""
+    components = Table(title=f"hetrl plan: {cfg.recipe}, {plan.nodes} GPU node(s), {plan.world_size} ranks")
+    for column in ("component", "partition", "nodes", "tasks", "tasks/node", "GPUs/node", "roles"):
+        components.add_column(column)
+    for c in plan.components:
+        components.add_row(c.name, c.partition, str(c.nodes), str(c.total_tasks), str(c.tasks_per_node), str(c.gpus_per_node), ", ".join(c.roles))
+
+    t, r = plan.trainer, plan.rollout
+    layout = Table(title="roles")
+    for column in ("role", "ranks", "layout"):
+        layout.add_column(column)
+    sizes = plan.role_sizes()
+    layout.add_row("trainer", str(sizes["trainer"]),
+                   f"TP {t.tensor_parallel} x PP {t.pipeline_parallel} x CP {t.context_parallel} x DP {t.data_parallel}"
+                   f" (EP {t.expert_parallel}) on {t.nodes} node(s)")
+    where = "colocated on the trainer GPUs" if r.placement == "colocated" else f"on {r.nodes} node(s) of their own"
+    layout.add_row("rollout", str(sizes["rollout"]), f"{r.num_engines} vLLM engine(s), TP {r.engine_tensor_parallel}, {where}")
+    layout.add_row("reward", str(sizes["reward"]), f"reward/verifier/sandbox workers on {cfg.cluster.cpu_partition!r}")
+    layout.add_row("orchestrator", str(sizes["orchestrator"]), "data stream, batching, schedule")
+    return [components, layout]

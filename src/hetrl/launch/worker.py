@@ -1,0 +1,92 @@
+"""Entry point of every rank: ``python -m hetrl.launch.worker --run-dir RUN``.
+
+The same command runs under ``mpiexec`` (local) and ``srun --het-group`` (Slurm). Each rank reads
+the resolved config and plan from the run directory, finds its role from its MPI world rank, joins
+the control plane and runs its role. An uncaught exception prints the traceback with the rank's
+role and aborts the whole MPI job, so a crashed role brings the job down instead of hanging it.
+
+Fault injection for tests of the launcher and the loop's fault tolerance:
+``HETRL_INJECT_FAULT=<role>:<role_rank>:<crash|hang>`` makes that rank crash or hang after it
+joined the control plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import yaml
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us if our parent (the MPI proxy) dies: no orphans on hard kills."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the launcher's process-group kill still applies
+
+
+def _abort_on_exception(world, label: str) -> None:
+    def hook(exc_type, exc, tb):
+        sys.stderr.write(f"\n[hetrl] {label} crashed:\n{''.join(traceback.format_exception(exc_type, exc, tb))}")
+        sys.stderr.flush()
+        world.Abort(1)
+
+    sys.excepthook = hook
+
+
+def _inject_fault(role: str, role_rank: int) -> None:
+    spec = os.environ.get("HETRL_INJECT_FAULT")
+    if not spec:
+        return
+    want_role, want_rank, kind = spec.split(":")
+    if (want_role, int(want_rank)) != (role, role_rank):
+        return
+    if kind == "crash":
+        raise RuntimeError(f"injected fault: {role}[{role_rank}] crashes")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    raise ValueError(f"HETRL_INJECT_FAULT kind must be crash or hang, got {kind!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+
+    from hetrl.config.loader import validate_tree
+    from hetrl.control.comm import init_control_plane
+    from hetrl.control.handshake import run_handshake
+    from hetrl.launch.plan import Plan
+
+    run_dir = args.run_dir
+    cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    plan = Plan.from_json((run_dir / "plan.json").read_text())
+    ctx = init_control_plane(plan)
+    label = f"{ctx.role}[{ctx.assignment.role_rank}] (world rank {ctx.rank})"
+    _abort_on_exception(ctx.world, label)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    logging.basicConfig(
+        filename=run_dir / "logs" / f"{ctx.role}_{ctx.assignment.role_rank}.log", level=logging.INFO,
+        format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
+    )
+    logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
+    _inject_fault(ctx.role, ctx.assignment.role_rank)
+    run_handshake(ctx, run_dir)
+    logging.info("handshake done; exiting cleanly")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
