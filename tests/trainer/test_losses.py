@@ -28,6 +28,8 @@ def test_count_tokens_and_seqs_ignores_empty_rows():
         ("token-mean", {"num_global_tokens": 10.0}, 15.0 / 10),
         ("seq-mean-token-mean", {"num_global_seqs": 5.0}, 6.5 / 5),
         ("seq-mean-token-sum-norm", {"max_len": 4, "num_global_seqs": 3.0}, 15.0 / 12),
+        ("token-mean", {"num_global_tokens": torch.tensor(10.0)}, 15.0 / 10),  # an all-reduced count
+        ("seq-mean-token-mean", {"num_global_seqs": torch.tensor(5.0)}, 6.5 / 5),
     ],
 )
 def test_aggregate_modes(mode, kwargs, expected):
@@ -40,6 +42,15 @@ def test_aggregate_gradient_is_the_normalised_mask():
     # d/dx of (x0+x1+x2)/3/2 + (x3+x4)/2/2
     expected = torch.tensor([[1 / 6, 1 / 6, 1 / 6, 0.0], [0.25, 0.25, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_aggregate_counts_bf16_tokens_exactly():
+    # 1001 tokens of value 1: in bf16 (spacing 8 near 1000) the sum or the count would round to 1000
+    per_token = torch.ones(7, 143, dtype=torch.bfloat16)
+    out = losses.aggregate(per_token, torch.ones(7, 143), "token-mean")
+    assert out.dtype == torch.float32 and out.item() == 1.0
+    per_token = torch.ones(1, 1001, dtype=torch.bfloat16)
+    assert losses.aggregate(per_token, torch.ones(1, 1001), "seq-mean-token-mean").item() == 1.0
 
 
 def test_aggregate_empty_batch_is_zero_and_differentiable():

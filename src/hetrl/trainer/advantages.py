@@ -24,7 +24,7 @@ from torch import Tensor
 _STD_EPS = 1e-6
 
 
-def group_index(group_ids: Sequence[Any] | Tensor, num_samples: int) -> tuple[Tensor, int]:
+def group_index(group_ids: Sequence[Any] | Tensor, num_samples: int, device: torch.device | None = None) -> tuple[Tensor, int]:
     """Map arbitrary group ids to ``(index [N] in 0..G-1, G)``, in order of first appearance."""
     if isinstance(group_ids, Tensor):
         ids = group_ids.tolist()
@@ -34,7 +34,7 @@ def group_index(group_ids: Sequence[Any] | Tensor, num_samples: int) -> tuple[Te
         raise ValueError(f"got {len(ids)} group ids for {num_samples} rewards: pass one group id per response")
     first_seen: dict[Any, int] = {}
     index = [first_seen.setdefault(g, len(first_seen)) for g in ids]
-    return torch.tensor(index, dtype=torch.long), len(first_seen)
+    return torch.tensor(index, dtype=torch.long, device=device), len(first_seen)
 
 
 def _group_stats(rewards: Tensor, group_ids: Sequence[Any] | Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -42,13 +42,14 @@ def _group_stats(rewards: Tensor, group_ids: Sequence[Any] | Tensor) -> tuple[Te
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be [N] (one score per response), got shape {tuple(rewards.shape)}")
     rewards = rewards.float()
-    index, num_groups = group_index(group_ids, rewards.numel())
-    size = torch.zeros(num_groups).index_add_(0, index, torch.ones_like(rewards))
-    mean = torch.zeros(num_groups).index_add_(0, index, rewards) / size
+    index, num_groups = group_index(group_ids, rewards.numel(), rewards.device)
+    zeros = rewards.new_zeros(num_groups)
+    size = zeros.index_add(0, index, torch.ones_like(rewards))
+    mean = zeros.index_add(0, index, rewards) / size
     sq_dev = (rewards - mean[index]).square()
-    var = torch.zeros(num_groups).index_add_(0, index, sq_dev) / (size - 1.0).clamp(min=1.0)
-    high = torch.full((num_groups,), -torch.inf).scatter_reduce(0, index, rewards, "amax")
-    low = torch.full((num_groups,), torch.inf).scatter_reduce(0, index, rewards, "amin")
+    var = zeros.index_add(0, index, sq_dev) / (size - 1.0).clamp(min=1.0)
+    high = torch.full_like(zeros, -torch.inf).scatter_reduce(0, index, rewards, "amax")
+    low = torch.full_like(zeros, torch.inf).scatter_reduce(0, index, rewards, "amin")
     return mean[index], var.sqrt()[index], size[index], (high == low)[index]
 
 
@@ -104,11 +105,12 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: 
     ``returns = A + V`` is the value target. ``values`` are treated as constants.
     """
     if not token_rewards.shape == values.shape == mask.shape:
-        raise ValueError(f"token_rewards, values and mask must share [N, T], got {tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(mask.shape)}")
+        shapes = [tuple(t.shape) for t in (token_rewards, values, mask)]
+        raise ValueError(f"token_rewards, values and mask must share one [N, T] shape, got {shapes}")
     rewards, values, valid = token_rewards.float(), values.detach().float(), mask > 0
     advantages = torch.zeros_like(rewards)
-    next_value = torch.zeros(rewards.shape[0])
-    next_adv = torch.zeros(rewards.shape[0])
+    next_value = rewards.new_zeros(rewards.shape[0])
+    next_adv = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
         step_adv = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * next_adv
         here = valid[:, t]
@@ -141,12 +143,12 @@ def token_rewards(scores: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coe
     if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
         raise ValueError(f"scores must be [N] with N = mask rows, got {tuple(scores.shape)} vs mask {tuple(mask.shape)}")
     valid = (mask > 0).float()
-    out = torch.zeros(mask.shape, dtype=torch.float32)
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if mask.shape[1] == 0:
         return out
-    positions = torch.arange(mask.shape[1]).expand(mask.shape)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand(mask.shape)
     last = torch.where(valid > 0, positions, -1).amax(-1).clamp(min=0)
-    out[torch.arange(mask.shape[0]), last] = scores.float()
+    out[torch.arange(mask.shape[0], device=mask.device), last] = scores.float()
     if kl is not None and kl_coef != 0.0:
         out = out - kl_coef * kl.detach().float() * valid
     return out
@@ -165,7 +167,7 @@ def overlong_penalty(lengths: Tensor, max_tokens: int, buffer: int, penalty: flo
     of getting the same reward as a wrong answer. ``buffer = 0`` disables it.
     """
     if buffer <= 0:
-        return torch.zeros(lengths.shape, dtype=torch.float32)
+        return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
     if buffer > max_tokens:
         raise ValueError(f"overlong buffer ({buffer}) must not exceed max_tokens ({max_tokens})")
     ramp = ((max_tokens - buffer) - lengths.float()) / buffer

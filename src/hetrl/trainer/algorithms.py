@@ -27,7 +27,7 @@ returned losses; the returned metrics are normalised the same way, so they sum t
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -68,7 +68,9 @@ def _policy_loss(algo: AlgorithmConfig, inputs: LossInputs) -> tuple[Tensor, dic
     return losses.clipped_surrogate(ratio, inputs.advantages, algo.clip_low, algo.resolved_clip_high, algo.dual_clip)
 
 
-def _is_weights(algo: AlgorithmConfig, inputs: LossInputs, metrics: dict[str, Tensor], token_mean: Any) -> Tensor | None:
+def _is_weights(
+    algo: AlgorithmConfig, inputs: LossInputs, metrics: dict[str, Tensor], token_mean: Callable[[Tensor], Tensor]
+) -> Tensor | None:
     """The IS correction weights (None when off), recording their metrics."""
     if algo.is_correction == "none":
         return None
@@ -95,8 +97,8 @@ def compute_loss(
     algo: AlgorithmConfig,
     inputs: LossInputs,
     *,
-    num_global_tokens: float | None = None,
-    num_global_seqs: float | None = None,
+    num_global_tokens: Tensor | float | None = None,
+    num_global_seqs: Tensor | float | None = None,
     max_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one micro-batch and its detached metrics.
@@ -149,7 +151,9 @@ def compute_loss(
 
     if algo.name == "ppo":
         _require(inputs, ["values", "old_values", "returns"], "algorithm ppo (value loss)")
-        value_per_token, value_clipped = losses.clipped_value_loss(inputs.values, inputs.old_values, inputs.returns, algo.value_clip)
+        value_per_token, value_clipped = losses.clipped_value_loss(
+            inputs.values, inputs.old_values, inputs.returns, algo.value_clip
+        )
         value_loss = algo.value_coef * agg(value_per_token)
         total = total + value_loss
         metrics["loss/value"] = value_loss.detach()

@@ -14,6 +14,7 @@ Notation: ``r = exp(logp - logp_old)`` is the PPO ratio, ``A`` the advantage, ``
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -52,16 +53,21 @@ def count_tokens_and_seqs(mask: Tensor) -> tuple[float, float]:
     return float(mask.sum()), float((mask.sum(-1) > 0).sum())
 
 
+def _at_least_one(count: Tensor | float) -> Tensor | float:
+    """An empty batch divides by 1, not 0 (its numerator is 0 anyway); a tensor stays on device, unsynced."""
+    return count.clamp(min=1.0) if isinstance(count, Tensor) else max(float(count), 1.0)
+
+
 def aggregate(
     per_token: Tensor,
     mask: Tensor,
     mode: LossAggregation,
     *,
-    num_global_tokens: float | None = None,
-    num_global_seqs: float | None = None,
+    num_global_tokens: Tensor | float | None = None,
+    num_global_seqs: Tensor | float | None = None,
     max_len: int | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss ``x[b, t]`` over policy tokens ``m[b, t]`` to a scalar.
+    """Reduce a per-token loss ``x[b, t]`` over policy tokens ``m[b, t]`` to an fp32 scalar.
 
     - ``token-mean`` (DAPO, Yu et al. 2025): ``sum_bt m x / N_tok``. Every token weighs the same,
       so long responses are not diluted.
@@ -80,24 +86,26 @@ def aggregate(
     (connected to the graph, so backward still runs on every rank).
     """
     _check_same_shape(per_token=per_token, mask=mask)
-    mask = mask.to(per_token.dtype)
-    local_tokens, local_seqs = count_tokens_and_seqs(mask)
-    masked = per_token * mask
+    # Sums and counts in fp32 even for a bf16 loss: bf16 cannot even count past 256 exactly.
+    mask = mask.float()
+    masked = per_token.float() * mask
     if mode == "token-mean":
-        denom = local_tokens if num_global_tokens is None else num_global_tokens
-        return masked.sum() / max(denom, 1.0)
-    denom_seqs = local_seqs if num_global_seqs is None else num_global_seqs
+        denom_tokens = mask.sum() if num_global_tokens is None else num_global_tokens
+        return masked.sum() / _at_least_one(denom_tokens)
+    tokens_per_seq = mask.sum(-1)
+    denom_seqs = _at_least_one((tokens_per_seq > 0).float().sum() if num_global_seqs is None else num_global_seqs)
     if mode == "seq-mean-token-mean":
-        seq_means = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
-        return seq_means.sum() / max(denom_seqs, 1.0)
+        return (masked.sum(-1) / tokens_per_seq.clamp(min=1.0)).sum() / denom_seqs
     if mode == "seq-mean-token-sum-norm":
         if max_len is None or max_len <= 0:
-            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' needs max_len > 0: pass the generation budget (rollout max_tokens)")
-        return masked.sum() / (float(max_len) * max(denom_seqs, 1.0))
+            raise ValueError(
+                "loss aggregation 'seq-mean-token-sum-norm' needs max_len > 0: pass the generation budget (rollout max_tokens)"
+            )
+        return masked.sum() / (float(max_len) * denom_seqs)
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm")
 
 
-def token_mean(x: Tensor, mask: Tensor, num_global_tokens: float | None = None) -> Tensor:
+def token_mean(x: Tensor, mask: Tensor, num_global_tokens: Tensor | float | None = None) -> Tensor:
     """``sum_bt m x / N_tok`` of a metric, detached; summable over micro-batches like the loss."""
     return aggregate(x.detach().float(), mask, "token-mean", num_global_tokens=num_global_tokens)
 
@@ -236,7 +244,7 @@ def importance_weights(
         log_w = log_w.sum(-1, keepdim=True).expand_as(mask)
     elif level != "token":
         raise ValueError(f"unknown IS level {level!r}; valid: token, sequence")
-    log_cap = torch.log(torch.tensor(threshold, dtype=log_w.dtype))
+    log_cap = math.log(threshold)
     over = (log_w > log_cap) & valid
     if mode == "truncated":
         return _safe_exp(log_w.clamp(max=log_cap)) * mask, none, over
