@@ -62,7 +62,7 @@ class Guards:
         self._reward_collapsed = False
         self._low_entropy_steps = 0
         self._mismatch: deque[float] = deque(maxlen=cfg.mismatch_spike.window)
-        self._stalled: set[str] = set()
+        self._stalled: dict[str, float] = {}  # role -> its last-progress time when the stall was reported
 
     def check(self, step: int, metrics: Mapping[str, float]) -> list[Alert]:
         """Alerts raised by one step's metrics (updates the guards' history)."""
@@ -137,9 +137,7 @@ class Guards:
         alerts = []
         for role, last in sorted(last_progress_s.items()):
             idle = now_s - last
-            if idle < cfg.timeout_s:
-                self._stalled.discard(role)
-            elif role not in self._stalled:
-                self._stalled.add(role)
+            if idle >= cfg.timeout_s and self._stalled.get(role) != last:
+                self._stalled[role] = last
                 alerts.append(Alert("stalled_role", cfg.action, f"role {role!r} made no progress for {idle:.0f} s (timeout_s {cfg.timeout_s:g})"))
         return alerts

@@ -1,0 +1,144 @@
+"""Browse a run's stored rollouts: ``python -m hetrl.inspect RUN [filters]``.
+
+Examples::
+
+    python -m hetrl.inspect runs/tiny --step 40 --worst 5         # the 5 lowest-reward samples of step 40
+    python -m hetrl.inspect runs/tiny --flag any                  # every flagged sample
+    python -m hetrl.inspect runs/tiny --flag format_violation --tokens   # + token-level engine/trainer log-probs
+    python -m hetrl.inspect runs/tiny --min-len 500 --json        # one JSON object per sample, for scripts
+
+Works while the run is writing (the store is SWMR). Filters apply in this order: step, task, flag,
+length, then ``--worst/--best`` by total reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from hetrl.monitor.mismatch import mismatch_metrics, token_log_ratio
+from hetrl.monitor.rollout_store import RolloutReader, RolloutRecord, RolloutRow
+
+# |log pi_trainer - log pi_engine| above this is highlighted in the token view: a ratio beyond
+# ~exp(0.2) = 1.22 is where PPO-style clipping (0.2) starts to bite.
+_HIGHLIGHT_DIFF = 0.2
+
+
+def select_rows(
+    rows: Sequence[RolloutRow],
+    step: int | None = None,
+    task: str | None = None,
+    flag: str | None = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+    worst: int | None = None,
+    best: int | None = None,
+) -> list[RolloutRow]:
+    """Filter rollout rows; ``flag='any'`` keeps every flagged row; worst/best keep the K lowest/highest rewards."""
+    if worst is not None and best is not None:
+        raise ValueError("--worst and --best are exclusive")
+    out = [
+        r for r in rows
+        if (step is None or r.step == step)
+        and (task is None or r.task_name == task)
+        and (flag is None or (bool(r.flags) if flag == "any" else flag in r.flags))
+        and (min_len is None or r.length >= min_len)
+        and (max_len is None or r.length <= max_len)
+    ]
+    if worst is not None:
+        out = sorted(out, key=lambda r: r.reward)[:worst]
+    if best is not None:
+        out = sorted(out, key=lambda r: -r.reward)[:best]
+    return out
+
+
+def _summary_table(rows: Sequence[RolloutRow]) -> Table:
+    table = Table("step", "sample_id", "task", "reward", "len", "finish", "flags", title=f"{len(rows)} rollouts")
+    for r in rows:
+        table.add_row(str(r.step), r.sample_id, r.task_name, f"{r.reward:.4g}", str(r.length), r.finish_reason, ",".join(r.flags))
+    return table
+
+
+def token_table(record: RolloutRecord, max_tokens: int | None = None) -> Table:
+    """Per-token engine vs trainer log-probs of one rollout; large differences in red."""
+    s = record.sample
+    table = Table("pos", "token", "mask", "version", "engine_lp", "trainer_lp", "diff", title=f"tokens of {s.sample_id}")
+    diffs = token_log_ratio(s.logprobs, record.trainer_logprobs) if record.trainer_logprobs is not None else None
+    limit = len(s.completion_ids) if max_tokens is None else min(max_tokens, len(s.completion_ids))
+    for i in range(limit):
+        trainer = "-" if diffs is None else f"{record.trainer_logprobs[i]:.5f}"
+        diff = "-" if diffs is None else f"{diffs[i]:+.5f}"
+        style = "bold red" if diffs is not None and s.loss_mask[i] and abs(diffs[i]) > _HIGHLIGHT_DIFF else None
+        table.add_row(str(i), str(s.completion_ids[i]), str(s.loss_mask[i]), str(s.versions[i]), f"{s.logprobs[i]:.5f}", trainer, diff, style=style)
+    return table
+
+
+def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tokens: int | None) -> None:
+    s = record.sample
+    console.rule(f"step {record.step} · {s.sample_id} · task {s.task_name} · reward {s.reward:.4g}")
+    console.print(f"rewards: {s.rewards}  flags: {s.flags}  finish: {s.finish_reason}  turns: {s.num_turns}  tool calls: {s.num_tool_calls}")
+    policy_versions = [v for v in s.versions if v >= 0]
+    console.print(f"weight versions: {min(policy_versions, default=-1)}..{max(policy_versions, default=-1)}  info: {json.dumps(s.info, default=repr)}")
+    console.print("[bold]prompt:[/bold]", s.prompt_text or s.prompt_ids, markup=True, highlight=False)
+    console.print("[bold]completion:[/bold]", s.completion_text or s.completion_ids, markup=True, highlight=False)
+    if record.trainer_logprobs is not None:
+        m = mismatch_metrics([s.logprobs], [record.trainer_logprobs], [s.loss_mask])
+        console.print("mismatch: " + "  ".join(f"{k}={v:.4g}" for k, v in m.items()))
+    if tokens:
+        console.print(token_table(record, max_tokens))
+
+
+def record_json(record: RolloutRecord) -> dict:
+    """A rollout as one JSON-ready dict (sample fields + step, trainer log-probs, per-token diff)."""
+    s = record.sample
+    out = {"step": record.step, "file": record.file, "index": record.index, **vars(s), "trainer_logprobs": record.trainer_logprobs}
+    if record.trainer_logprobs is not None:
+        out["logprob_diff"] = np.round(token_log_ratio(s.logprobs, record.trainer_logprobs), 7).tolist()
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hetrl.inspect", description="Browse the stored rollouts of a run.")
+    p.add_argument("run", help="run directory (or a folder of rollout .h5 files)")
+    p.add_argument("--step", type=int, help="only this RL step")
+    p.add_argument("--task", help="only this task name")
+    p.add_argument("--flag", help="only samples with this flag ('any': any flag)")
+    p.add_argument("--min-len", type=int, help="minimum completion length (tokens)")
+    p.add_argument("--max-len", type=int, help="maximum completion length (tokens)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--worst", type=int, metavar="K", help="the K lowest-reward samples")
+    group.add_argument("--best", type=int, metavar="K", help="the K highest-reward samples")
+    p.add_argument("--tokens", action="store_true", help="show the token-level engine vs trainer log-prob table")
+    p.add_argument("--max-tokens", type=int, default=200, help="rows of the token table per sample (default 200)")
+    p.add_argument("--limit", type=int, default=10, help="samples shown in full after the summary (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per selected sample instead of tables")
+    return p
+
+
+def main(argv: Sequence[str], out: IO[str] | None = None) -> int:
+    args = _parser().parse_args(list(argv))
+    out = out if out is not None else sys.stdout
+    reader = RolloutReader(args.run)
+    rows = select_rows(reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best)
+    if args.json:
+        for record in reader.load(rows):
+            out.write(json.dumps(record_json(record), default=repr) + "\n")
+        return 0
+    console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    console.print(_summary_table(rows))
+    for record in reader.load(rows[: args.limit]):
+        _print_record(console, record, args.tokens, args.max_tokens)
+    if len(rows) > args.limit:
+        console.print(f"... {len(rows) - args.limit} more (raise --limit or narrow the filters)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
