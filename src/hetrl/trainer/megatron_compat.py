@@ -1,0 +1,191 @@
+"""Run megatron-core on a machine without a GPU (gloo, fp32): the ONE place that knows how.
+
+megatron-core (0.16) assumes CUDA throughout: ``torch.cuda.current_device()`` as a device,
+``device="cuda"`` literals (optimizer, grad clipping, pipeline schedules, the default causal
+mask), ``.cuda()`` calls, CUDA streams and events in the MoE all-to-all dispatcher, a CUDA RNG
+state in the tensor-parallel RNG tracker, and ``param.type() == 'torch.cuda.FloatTensor'``
+checks. None of that is wrong on a GPU cluster, so nothing is changed there: :func:`ensure_applied`
+does nothing when ``torch.cuda.is_available()``.
+
+Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
+
+* a process-wide :class:`torch.overrides.TorchFunctionMode` that rewrites every CUDA device
+  argument (``"cuda"``, ``torch.device("cuda", i)``, a bare index) to ``cpu``, turns
+  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops and reports float32 CPU tensors as
+  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above);
+* ``torch.cuda`` functions that would raise "Torch not compiled with CUDA enabled" become CPU
+  stand-ins: ``current_device() -> 0`` (which the mode maps to cpu), stream/event objects whose
+  waits are no-ops (CPU work is synchronous), ``synchronize``/``empty_cache`` no-ops;
+* the tensor-parallel RNG tracker keeps CPU generator states instead of CUDA ones, so
+  ``model_parallel_cuda_manual_seed`` and ``get_cuda_rng_tracker().fork()`` work.
+
+One fix is not about CUDA and is applied on GPUs too: megatron's MoE router reads a name that is
+bound only when transformer-engine imports.
+
+Only the main thread (and processes forked from it) sees the mode: torch keeps the mode stack per
+thread, and megatron's CPU training path runs on the thread that calls ``backward``. Trainer
+modules call :func:`ensure_applied` before touching megatron; nothing else needs to know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_APPLIED = False
+_LOCK = threading.Lock()
+_CPU = torch.device("cpu")
+
+
+def _to_cpu_device(device: Any) -> Any:
+    """The CPU stand-in for a CUDA device spec; anything else unchanged."""
+    if isinstance(device, bool):
+        return device
+    if isinstance(device, int):  # a bare index means a CUDA device in torch's factory functions
+        return _CPU
+    if isinstance(device, str) and device.split(":")[0] == "cuda":
+        return _CPU
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return _CPU
+    return device
+
+
+class _CpuAsCudaMode(TorchFunctionMode):
+    """Redirects CUDA device arguments of every torch call to the CPU (see the module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch protocol
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda or func is torch.Tensor.record_stream:
+            return args[0] if func is torch.Tensor.cuda else None
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].dtype == torch.float32:
+            return "torch.cuda.FloatTensor"
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        if func is torch.Tensor.to and len(args) > 1:
+            args = (args[0], _to_cpu_device(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+class _HostStream:
+    """A CUDA stream stand-in: CPU ops run in order, so every wait is already satisfied."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = _CPU
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> "_HostEvent":
+        return event if event is not None else _HostEvent()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _HostEvent:
+    """A CUDA event stand-in (see :class:`_HostStream`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_HOST_STREAM = _HostStream()
+
+
+def _patch_torch_cuda() -> None:
+    cuda = torch.cuda
+    cuda.current_device = lambda: 0
+    cuda.current_stream = lambda device=None: _HOST_STREAM
+    cuda.default_stream = lambda device=None: _HOST_STREAM
+    cuda.Stream = _HostStream
+    cuda.Event = _HostEvent
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.set_stream = lambda stream: None
+    cuda.synchronize = lambda device=None: None
+    cuda.empty_cache = lambda: None
+    cuda.set_device = lambda device: None
+
+
+def _patch_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random as mp_random
+
+    class CpuRNGStatesTracker(mp_random.CudaRNGStatesTracker):
+        """Megatron's named RNG streams, kept as CPU generator states."""
+
+        def add(self, name: str, seed: int) -> None:
+            if seed in self.seeds_:
+                raise RuntimeError(f"seed {seed} already exists")
+            if name in self.states_:
+                raise RuntimeError(f"rng state {name} already exists")
+            self.seeds_.add(seed)
+            saved = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+        @contextlib.contextmanager
+        def fork(self, name: str = mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME) -> Iterator[None]:
+            if name not in self.states_:
+                raise RuntimeError(f"rng state {name} is not added")
+            saved = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(saved)
+
+    mp_random.CudaRNGStatesTracker = CpuRNGStatesTracker
+    mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mp_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+    mp_random.initialize_rng_tracker(force_reset=True)
+
+
+def _patch_missing_transformer_engine() -> None:
+    """megatron 0.16's MoE router reads ``te_general_gemm``, bound only when TE imports: bind None."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def ensure_applied() -> bool:
+    """Apply the CPU stand-ins once per process when no GPU is present; True when they are active.
+
+    The one fix that is not about CUDA (a name megatron leaves unbound without transformer-engine,
+    which breaks its MoE router on any machine) is applied on GPUs too.
+    """
+    global _APPLIED
+    with _LOCK:
+        _patch_missing_transformer_engine()
+        if torch.cuda.is_available():
+            return False
+        if not _APPLIED:
+            _patch_torch_cuda()
+            _patch_rng_tracker()
+            _CpuAsCudaMode().__enter__()  # entered for the life of the process, never exited
+            _APPLIED = True
+    return True

@@ -1,0 +1,167 @@
+"""Build the policy as a megatron-core ``GPTModel`` from the recipe's ``model:`` and ``trainer:``.
+
+One function, :func:`build_gpt_model`, maps the HF layout families we support onto megatron's
+knobs (the HF importer in ``hf_convert.py`` relies on exactly this mapping):
+
+=========  ==================================================================================
+llama      RoPE (rotate-half), RMSNorm, SwiGLU MLP, GQA, no biases
+qwen2      llama + bias on the fused QKV projection
+qwen3      llama + RMSNorm on each query/key head (qk-norm)
+qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over the top-k router
+           logits, i.e. HF ``norm_topk_prob=True``), load-balancing aux loss, expert parallelism
+=========  ==================================================================================
+
+The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
+is installed (``trainer.transformer_impl``). The model is built for this rank's pipeline stage
+(``pre_process``/``post_process``) and shards (TP/EP), on this rank's device, in the trainer's
+precision; weights are initialised on the CPU from the full tensors so that any TP/EP layout of
+the same seed starts from identical weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hetrl.config.model import ModelConfig
+from hetrl.config.trainer import TrainerConfig
+from hetrl.trainer import megatron_compat
+
+# HF initialiser_range of Llama/Qwen configs; random-init models should look like theirs.
+_INIT_STD = 0.02
+
+
+def padded_vocab_size(model_cfg: ModelConfig, tensor_parallel: int) -> int:
+    """Vocabulary rows the embedding holds: ``vocab_size`` rounded up to a multiple of TP.
+
+    Megatron shards the vocabulary evenly across TP ranks. Rows past ``vocab_size`` never hold a
+    target token; callers that compare with HF logits slice ``[..., :vocab_size]``.
+    """
+    return -(-model_cfg.vocab_size // tensor_parallel) * tensor_parallel
+
+
+def use_transformer_engine(trainer_cfg: TrainerConfig) -> bool:
+    """Whether to build the transformer-engine spec (GPU + TE installed, unless forced local)."""
+    if trainer_cfg.transformer_impl == "local":
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        have_te = False
+    else:
+        have_te = torch.cuda.is_available()
+    if trainer_cfg.transformer_impl == "transformer_engine" and not have_te:
+        raise RuntimeError("trainer.transformer_impl=transformer_engine needs a GPU and the transformer_engine package")
+    return have_te
+
+
+def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig):  # -> TransformerConfig
+    """The megatron ``TransformerConfig`` of this model under this trainer layout."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    dtype = torch.bfloat16 if trainer_cfg.precision == "bf16" else torch.float32
+    moe = {}
+    if model_cfg.is_moe:
+        moe = dict(
+            num_moe_experts=model_cfg.num_experts,
+            moe_router_topk=model_cfg.moe_router_topk,
+            moe_ffn_hidden_size=model_cfg.moe_ffn_hidden_size,
+            moe_aux_loss_coeff=model_cfg.moe_aux_loss_coeff,
+            moe_router_load_balancing_type="aux_loss",
+            moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=on_gpu,  # the local spec's SequentialMLP on CPU
+            moe_router_dtype="fp32",
+        )
+    return TransformerConfig(
+        num_layers=model_cfg.num_layers,
+        hidden_size=model_cfg.hidden_size,
+        ffn_hidden_size=model_cfg.ffn_hidden_size,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_query_groups=model_cfg.num_query_groups,
+        kv_channels=model_cfg.kv_channels,
+        normalization="RMSNorm",
+        layernorm_epsilon=model_cfg.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=model_cfg.arch == "qwen2",
+        qk_layernorm=model_cfg.arch in ("qwen3", "qwen3_moe"),
+        hidden_dropout=0.0,  # RL fine-tuning: dropout would make trainer and engine log-probs disagree
+        attention_dropout=0.0,
+        init_method_std=_INIT_STD,
+        tensor_model_parallel_size=trainer_cfg.tensor_parallel,
+        pipeline_model_parallel_size=trainer_cfg.pipeline_parallel,
+        expert_model_parallel_size=trainer_cfg.expert_parallel,
+        context_parallel_size=trainer_cfg.context_parallel,
+        sequence_parallel=trainer_cfg.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=on_gpu,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        recompute_granularity="full" if trainer_cfg.recompute_activations else None,
+        recompute_method="uniform" if trainer_cfg.recompute_activations else None,
+        recompute_num_layers=1 if trainer_cfg.recompute_activations else None,
+        **moe,
+    )
+
+
+def build_gpt_model(
+    model_cfg: ModelConfig,
+    trainer_cfg: TrainerConfig,
+    *,
+    pg_collection: object | None = None,
+    seed: int = 1234,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
+):  # -> megatron.core.models.gpt.GPTModel
+    """The policy's ``GPTModel`` for this rank (its pipeline stage and TP/EP shards).
+
+    Needs the megatron process groups (``hetrl.trainer.parallel.init_parallel``). ``seed`` seeds
+    megatron's tensor-parallel RNG streams and the CPU generator the full weights are drawn from:
+    ranks of any layout that share a seed build the same full model. ``pre_process`` and
+    ``post_process`` default to "this rank is the first/last pipeline stage".
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    megatron_compat.ensure_applied()
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError("build_gpt_model needs the trainer process groups: call hetrl.trainer.parallel.init_parallel first")
+    if model_cfg.num_layers % trainer_cfg.pipeline_parallel:
+        raise ValueError(f"model.num_layers={model_cfg.num_layers} is not divisible by trainer.pipeline_parallel={trainer_cfg.pipeline_parallel}")
+    if model_cfg.is_moe and model_cfg.num_experts % trainer_cfg.expert_parallel:
+        raise ValueError(f"model.num_experts={model_cfg.num_experts} is not divisible by trainer.expert_parallel={trainer_cfg.expert_parallel}")
+    if trainer_cfg.expert_parallel > 1 and not model_cfg.is_moe:
+        raise ValueError(f"trainer.expert_parallel={trainer_cfg.expert_parallel} needs an MoE model (model.arch=qwen3_moe)")
+
+    config = transformer_config(model_cfg, trainer_cfg)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    block_spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=use_transformer_engine(trainer_cfg), normalization="RMSNorm",
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=block_spec,
+        vocab_size=padded_vocab_size(model_cfg, trainer_cfg.tensor_parallel),
+        max_sequence_length=model_cfg.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
+        post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
+        parallel_output=True,  # logits stay vocab-sharded: log-probs never gather the vocab
+        share_embeddings_and_output_weights=model_cfg.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(model_cfg.rope_theta),
+        pg_collection=pg_collection,
+    )
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return model.to(device)
