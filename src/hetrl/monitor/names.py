@@ -98,7 +98,7 @@ MISMATCH_PROB_RATIO_MEAN = _spec(
 )
 MISMATCH_K3_KL = _spec("mismatch/k3_kl", "k3 estimate of KL(pi_engine || pi_trainer) per policy token.", "nats", "trainer")
 MISMATCH_MAX_ABS_LOGPROB_DIFF = _spec(
-    "mismatch/max_abs_logprob_diff", "Largest |log pi_trainer - log pi_engine| over the step's policy tokens.", "nats", "trainer"
+    "mismatch/max_abs_logprob_diff", "Largest abs(log pi_trainer - log pi_engine) over the step's policy tokens.", "nats", "trainer"
 )
 
 # --- off-policy staleness ---
