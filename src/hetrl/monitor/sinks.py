@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
 from hetrl.config.monitor import WandbConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,16 +71,19 @@ def read_jsonl(path: str | Path) -> dict[int, dict[str, float]]:
 
 
 class TensorBoardSink:
-    """Scalars via torch's SummaryWriter (imported lazily: only the logging process needs torch)."""
+    """Scalars as TensorBoard event files, with tensorboard's own writer.
+
+    Not torch's SummaryWriter: it wraps this same writer but costs a ~3 s torch import, and the
+    process holding the monitor (or a login-node tool) need not have torch at all.
+    """
 
     def __init__(self, logdir: str | Path):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._writer = SummaryWriter(log_dir=str(logdir))
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(logdir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        for name, value in metrics.items():
-            self._writer.add_scalar(name, float(value), global_step=int(step))
+        values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()]
+        self._writer.add_event(Event(wall_time=time.time(), step=int(step), summary=Summary(value=values)))
         self._writer.flush()
 
     def close(self) -> None:
