@@ -26,4 +26,8 @@ class ClusterConfig(Section):
     reservation: str | None = Field(None, description="Slurm reservation (--reservation).")
     requeue: bool = Field(True, description="Let Slurm requeue the job after pre-emption (the loop checkpoints on the signal).")
     signal_grace_s: int = Field(120, ge=10, description="Seconds before the time limit Slurm sends SIGUSR1 (--signal).")
-    container: str | None = Field(None, description="Apptainer image to run every component in; null runs on the host.")
+    container: str | None = Field(None, description="Apptainer image (.sif) to run every component in (`apptainer exec --nv`); null runs on the host.")
+    container_binds: list[str] = Field(
+        default_factory=list,
+        description="Extra host paths bound into the container, apptainer `src[:dst[:opts]]` each (the run dir is always bound).",
+    )
