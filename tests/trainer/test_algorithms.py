@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from hetrl.config.algorithm import AlgorithmConfig, AlgorithmName
-from hetrl.trainer.algorithms import LossInputs, compute_advantages, compute_loss, compute_value_targets, shape_rewards
+from hetrl.trainer.algorithms import (
+    LossInputs,
+    advantage_metrics,
+    compute_advantages,
+    compute_loss,
+    compute_value_targets,
+    shape_rewards,
+)
 from hetrl.trainer.losses import count_tokens_and_seqs
 
 # Three responses: 3 tokens with advantage +1, 2 tokens with advantage -2, and a zero-length one.
@@ -49,7 +56,7 @@ def test_policy_loss_on_the_first_minibatch(name, expected_loss, expected_grad_r
     loss.backward()
     g0, g1 = expected_grad_rows
     torch.testing.assert_close(logp.grad, torch.tensor([[g0, g0, g0], [g1, g1, 0.0], [0.0, 0.0, 0.0]]))
-    assert metrics["clip_frac/low"].item() == metrics["clip_frac/high"].item() == metrics["approx_kl"].item() == 0.0
+    assert metrics["clip_frac/low"].item() == metrics["clip_frac/high"].item() == metrics["policy_kl"].item() == 0.0
 
 
 def test_cispo_is_reinforce_weighted_by_the_clipped_ratio():
@@ -75,7 +82,7 @@ def test_dapo_clips_higher_than_grpo():
     low_loss, low_m = compute_loss(_algo("dapo"), _single_token(0.7, -1.0))
     assert low_loss.item() == pytest.approx(0.8) and low_m["clip_frac/low"].item() == 1.0
     # approx KL(pi_old || pi) with r = 0.7: r - 1 - log r
-    assert low_m["approx_kl"].item() == pytest.approx(0.7 - 1 - math.log(0.7))
+    assert low_m["policy_kl"].item() == pytest.approx(0.7 - 1 - math.log(0.7))
 
 
 def test_dual_clip_and_cispo_truncation_from_config():
@@ -87,18 +94,19 @@ def test_dual_clip_and_cispo_truncation_from_config():
 
 
 def test_kl_and_entropy_terms():
-    ref = LOGP - 0.5  # d = 0.5 on every token: k3 = e^-0.5 - 1 + 0.5
-    inputs, _ = _on_policy(ref_logprobs=ref, entropy=torch.full((3, 3), 2.0))
-    loss, m = compute_loss(_algo("grpo", kl_coef=0.1, entropy_coef=0.01), inputs)
+    ref = LOGP - 0.5  # d = 0.5 on every token: k3 = e^-0.5 - 1 + 0.5, k2 = 0.125
+    entropy = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 9.0], [9.0, 9.0, 9.0]])  # token-mean 8/5
+    inputs, _ = _on_policy(ref_logprobs=ref, entropy=entropy)
+    loss, m = compute_loss(_algo("grpo", kl_coef=0.1, kl_estimator="k2", entropy_coef=0.01), inputs)
     k3 = math.exp(-0.5) - 0.5
-    assert m["loss/kl"].item() == pytest.approx(0.1 * k3)
-    assert m["kl_ref"].item() == pytest.approx(k3)
-    assert m["loss/entropy"].item() == pytest.approx(-0.02)
-    assert m["entropy"].item() == pytest.approx(2.0)
-    assert loss.item() == pytest.approx(0.2 + 0.1 * k3 - 0.02)
-    # KL folded into the reward: reported, not added to the loss
+    assert m["loss/kl"].item() == pytest.approx(0.125)  # the configured estimator, before kl_coef
+    assert m["approx_kl"].item() == pytest.approx(k3)  # always k3
+    assert m["loss/entropy"].item() == pytest.approx(1.6) and m["entropy"].item() == pytest.approx(1.6)
+    assert loss.item() == pytest.approx(0.2 + 0.1 * 0.125 - 0.01 * 1.6)
+    assert m["loss/total"].item() == pytest.approx(loss.item())
+    # KL folded into the reward: measured, not added to the loss
     loss, m = compute_loss(_algo("grpo", kl_coef=0.1, kl_in_reward=True), _on_policy(ref_logprobs=ref)[0])
-    assert loss.item() == pytest.approx(0.2) and "loss/kl" not in m
+    assert loss.item() == pytest.approx(0.2) and "loss/kl" not in m and m["approx_kl"].item() == pytest.approx(k3)
 
 
 @pytest.mark.parametrize(
@@ -125,8 +133,9 @@ def test_ppo_adds_the_clipped_value_loss():
     values = torch.zeros(3, 3, requires_grad=True)
     inputs, _ = _on_policy(values=values, old_values=torch.zeros(3, 3), returns=returns)
     loss, m = compute_loss(_algo("ppo", value_coef=0.5), inputs)
-    # value loss 0.5 (V - R)^2: 0.5 x3, 0.125 x2 -> token-mean 1.75 / 5 = 0.35, times 0.5
-    assert m["loss/value"].item() == pytest.approx(0.175)
+    # value loss 0.5 (V - R)^2: 0.5 x3, 0.125 x2 -> token-mean 1.75 / 5 = 0.35, times value_coef 0.5
+    assert m["loss/value"].item() == pytest.approx(0.35)
+    assert m["value/clip_frac"].item() == 0.0
     assert loss.item() == pytest.approx(0.2 + 0.175)
     loss.backward()
     torch.testing.assert_close(values.grad, 0.5 * -returns * MASK / 5)
@@ -147,8 +156,8 @@ def test_metric_keys_are_stable():
     inputs, _ = _on_policy(rollout_logprobs=LOGP, ref_logprobs=LOGP, entropy=torch.ones(3, 3))
     _, m = compute_loss(_algo("grpo", is_correction="truncated", kl_coef=0.1, entropy_coef=0.1), inputs)
     assert set(m) == {
-        "loss/total", "loss/policy", "loss/kl", "loss/entropy", "clip_frac/low", "clip_frac/high", "approx_kl",
-        "entropy", "kl_ref", "is/weight_mean", "is/masked_frac", "is/truncated_frac", "is/mismatch_kl",
+        "loss/total", "loss/policy", "loss/kl", "loss/entropy", "clip_frac/low", "clip_frac/high", "policy_kl",
+        "approx_kl", "entropy", "is/weight_mean", "is/masked_frac", "is/truncated_frac",
     }
     assert all(not v.requires_grad and v.dim() == 0 for v in m.values())
 
@@ -257,3 +266,47 @@ def test_shape_rewards_overlong_and_kl():
     torch.testing.assert_close(out, torch.tensor([[-0.1, 0.9, 0.0]]))
     with pytest.raises(ValueError, match="ref_logprobs"):
         shape_rewards(algo, torch.tensor([1.0]), torch.ones(1, 3))
+
+
+def test_advantage_metrics():
+    # policy-token advantages 1, 1, 1, -2, -2 (junk 5 on padding): mean -0.2, population std sqrt(2.16)
+    advantages = ADV.clone()
+    advantages[1, 2] = 5.0
+    out = advantage_metrics(advantages, MASK)
+    assert out["advantage/mean"] == pytest.approx(-0.2)
+    assert out["advantage/std"] == pytest.approx(2.16**0.5)
+    assert advantage_metrics(ADV, torch.zeros(3, 3)) == {"advantage/mean": 0.0, "advantage/std": 0.0}
+
+
+def test_metric_names_are_documented_or_declared():
+    from hetrl.monitor import names
+    from hetrl.trainer import algorithms
+
+    declared = {algorithms.IS_WEIGHT_MEAN, algorithms.IS_MASKED_FRAC, algorithms.IS_TRUNCATED_FRAC,
+                algorithms.VALUE_CLIP_FRAC, algorithms.CLIP_FRAC_DUAL}
+    algo = AlgorithmConfig(name="ppo", kl_coef=0.1, entropy_coef=0.1, dual_clip=3.0, is_correction="masked")
+    _, m = compute_loss(algo, LossInputs(**_random_batch(torch.Generator().manual_seed(0))))
+    assert declared <= set(m)
+    assert [k for k in m if k not in declared and names.spec_of(k) is None] == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    algo = AlgorithmConfig(name="dapo", kl_coef=0.05, entropy_coef=0.01, is_correction="masked")
+    batch = _random_batch(torch.Generator().manual_seed(2))
+    group_ids = [0, 0, 1, 1, 2, 2]
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 1.0])
+    results = []
+    for device in ("cpu", "cuda"):
+        on = {k: v.to(device) for k, v in batch.items()}
+        on["advantages"] = compute_advantages(algo, rewards.to(device), group_ids, on["mask"])
+        logp = on["logprobs"].clone().requires_grad_(True)
+        loss, metrics = compute_loss(algo, LossInputs(**(on | {"logprobs": logp})))
+        loss.backward()
+        results.append((loss.cpu(), logp.grad.cpu(), {k: v.cpu() for k, v in metrics.items()}))
+    (cpu_loss, cpu_grad, cpu_m), (gpu_loss, gpu_grad, gpu_m) = results
+    torch.testing.assert_close(gpu_loss, cpu_loss)
+    torch.testing.assert_close(gpu_grad, cpu_grad)
+    for key in cpu_m:
+        torch.testing.assert_close(gpu_m[key], cpu_m[key], msg=key)

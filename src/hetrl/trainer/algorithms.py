@@ -36,8 +36,19 @@ import torch
 from torch import Tensor
 
 from hetrl.config.algorithm import AlgorithmConfig
+from hetrl.monitor import names
 from hetrl.trainer import advantages as adv
 from hetrl.trainer import losses
+
+
+# Metrics of the loss that hetrl.monitor.names does not list (yet); the others use its constants.
+# (The engine/trainer mismatch itself is measured from the samples by hetrl.monitor.mismatch.)
+IS_WEIGHT_MEAN = "is/weight_mean"  # mean IS correction weight over policy tokens (0 for rejected ones)
+IS_MASKED_FRAC = "is/masked_frac"  # fraction of policy tokens rejected by masked IS
+IS_TRUNCATED_FRAC = "is/truncated_frac"  # fraction of policy tokens whose IS weight was capped
+VALUE_CLIP_FRAC = "value/clip_frac"  # fraction of tokens where the clipped value branch is active (ppo)
+CLIP_FRAC_DUAL = "clip_frac/dual"  # fraction of policy tokens bounded by dual clip (A < 0, r > c)
+_CLIP_FRAC = {"low": names.CLIP_FRAC_LOW, "high": names.CLIP_FRAC_HIGH, "dual": CLIP_FRAC_DUAL}
 
 
 @dataclass
@@ -80,10 +91,9 @@ def _is_weights(
     weights, rejected, truncated = losses.importance_weights(
         inputs.old_logprobs, inputs.rollout_logprobs, inputs.mask, algo.is_correction, algo.is_level, algo.is_threshold
     )
-    metrics["is/weight_mean"] = token_mean(weights)
-    metrics["is/masked_frac"] = token_mean(rejected.float())
-    metrics["is/truncated_frac"] = token_mean(truncated.float())
-    metrics["is/mismatch_kl"] = token_mean(losses.kl_estimate(inputs.rollout_logprobs, inputs.old_logprobs, "k3"))
+    metrics[IS_WEIGHT_MEAN] = token_mean(weights)
+    metrics[IS_MASKED_FRAC] = token_mean(rejected.float())
+    metrics[IS_TRUNCATED_FRAC] = token_mean(truncated.float())
     return weights
 
 
@@ -103,64 +113,69 @@ def compute_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one micro-batch and its detached metrics.
 
-    ``loss = loss/policy + loss/kl + loss/entropy + loss/value`` where ``loss/policy`` aggregates
-    the (IS-weighted) per-token policy loss, ``loss/kl = kl_coef * agg(KL_k(pi || pi_ref))`` (unless
-    the KL is folded into the reward), ``loss/entropy = -entropy_coef * agg(H)`` and ``loss/value =
-    value_coef * agg(clipped value loss)`` (ppo). ``agg`` is ``losses.aggregate`` with the
-    algorithm's aggregation mode and the given global normalisers (None: this micro-batch's own).
+    ``loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy + value_coef *
+    loss/value``, each part an ``agg`` (``losses.aggregate`` with the algorithm's aggregation mode
+    and the given global normalisers; None: this micro-batch's own): ``loss/policy`` of the
+    IS-weighted per-token policy loss, ``loss/kl`` of ``KL_k(pi || pi_ref)`` with the configured
+    estimator (only when ``kl_coef > 0`` and the KL is not folded into the reward),
+    ``loss/entropy`` of the entropy (only when ``entropy_coef > 0``), ``loss/value`` of the clipped
+    value loss (ppo). The parts are reported before their coefficients, as hetrl.monitor.names
+    documents them.
 
-    Metrics (each a token-mean over policy tokens with the same ``num_global_tokens``, so they sum
-    over micro-batches): ``loss/*``, ``clip_frac/low``, ``clip_frac/high`` (``clip_frac/dual``
-    with dual clip), ``approx_kl`` (k3 estimate of KL(pi_old || pi)), and when their inputs are
-    present ``entropy``, ``kl_ref``, ``is/weight_mean``, ``is/masked_frac``, ``is/truncated_frac``,
-    ``is/mismatch_kl``, ``value/clip_frac``.
+    The other metrics are token-means over policy tokens with the same ``num_global_tokens``, so
+    they too sum over micro-batches: ``clip_frac/low``, ``clip_frac/high`` (``clip_frac/dual`` with
+    dual clip), ``policy_kl`` (k3 estimate of KL(pi_old || pi)), and when their inputs are present
+    ``approx_kl`` (k3 estimate of KL(pi || pi_ref)), ``entropy``, ``is/weight_mean``,
+    ``is/masked_frac``, ``is/truncated_frac`` and ``value/clip_frac`` (ppo).
     """
     mask = inputs.mask.float()
     agg = partial(losses.aggregate, mask=mask, mode=algo.resolved_loss_aggregation,
                   num_global_tokens=num_global_tokens, num_global_seqs=num_global_seqs, max_len=max_len)
     token_mean = partial(losses.token_mean, mask=mask, num_global_tokens=num_global_tokens)
     metrics: dict[str, Tensor] = {}
-
     per_token, clipped = _policy_loss(algo, inputs)
     weights = _is_weights(algo, inputs, metrics, token_mean)
-    policy = agg(per_token if weights is None else per_token * weights)
-    total = policy
-    metrics["loss/policy"] = policy.detach()
+    parts = {names.LOSS_POLICY: (1.0, agg(per_token if weights is None else per_token * weights))}
     for kind, active in clipped.items():
-        metrics[f"clip_frac/{kind}"] = token_mean(active.float())
-    metrics["approx_kl"] = token_mean(losses.kl_estimate(inputs.old_logprobs, inputs.logprobs, "k3"))
+        metrics[_CLIP_FRAC[kind]] = token_mean(active.float())
+    metrics[names.POLICY_KL] = token_mean(losses.kl_estimate(inputs.old_logprobs, inputs.logprobs, "k3"))
 
-    if inputs.ref_logprobs is not None:
-        kl = losses.kl_estimate(inputs.logprobs, inputs.ref_logprobs.detach(), algo.kl_estimator)
-        metrics["kl_ref"] = token_mean(kl)
-        if algo.kl_coef > 0 and not algo.kl_in_reward:
-            kl_loss = algo.kl_coef * agg(kl)
-            total = total + kl_loss
-            metrics["loss/kl"] = kl_loss.detach()
-    elif algo.kl_coef > 0 and not algo.kl_in_reward:
+    kl_in_loss = algo.kl_coef > 0 and not algo.kl_in_reward
+    if kl_in_loss:
         _require(inputs, ["ref_logprobs"], f"algorithm.kl_coef={algo.kl_coef} (KL in the loss)")
-
+    if inputs.ref_logprobs is not None:
+        ref = inputs.ref_logprobs.detach()
+        metrics[names.APPROX_KL] = token_mean(losses.kl_estimate(inputs.logprobs, ref, "k3"))
+        if kl_in_loss:
+            parts[names.LOSS_KL] = (algo.kl_coef, agg(losses.kl_estimate(inputs.logprobs, ref, algo.kl_estimator)))
     if algo.entropy_coef > 0:
         _require(inputs, ["entropy"], f"algorithm.entropy_coef={algo.entropy_coef}")
+        parts[names.LOSS_ENTROPY] = (-algo.entropy_coef, agg(inputs.entropy))
     if inputs.entropy is not None:
-        metrics["entropy"] = token_mean(inputs.entropy)
-        if algo.entropy_coef > 0:
-            entropy_loss = -algo.entropy_coef * agg(inputs.entropy)
-            total = total + entropy_loss
-            metrics["loss/entropy"] = entropy_loss.detach()
-
+        metrics[names.ENTROPY] = token_mean(inputs.entropy)
     if algo.name == "ppo":
         _require(inputs, ["values", "old_values", "returns"], "algorithm ppo (value loss)")
         value_per_token, value_clipped = losses.clipped_value_loss(
             inputs.values, inputs.old_values, inputs.returns, algo.value_clip
         )
-        value_loss = algo.value_coef * agg(value_per_token)
-        total = total + value_loss
-        metrics["loss/value"] = value_loss.detach()
-        metrics["value/clip_frac"] = token_mean(value_clipped.float())
+        parts[names.LOSS_VALUE] = (algo.value_coef, agg(value_per_token))
+        metrics[VALUE_CLIP_FRAC] = token_mean(value_clipped.float())
 
-    metrics["loss/total"] = total.detach()
+    total = sum(coef * part for coef, part in parts.values())
+    metrics.update({name: part.detach() for name, (_, part) in parts.items()})
+    metrics[names.LOSS_TOTAL] = total.detach()
     return total, metrics
+
+
+def advantage_metrics(advantages: Tensor, mask: Tensor) -> dict[str, float]:
+    """``advantage/mean`` and ``advantage/std`` over the policy tokens of a whole batch (0 when empty).
+
+    A std of 0 means the batch carries no learning signal (e.g. every group's rewards equal).
+    """
+    values = advantages.detach().float()[mask > 0]
+    if values.numel() == 0:
+        return {names.ADVANTAGE_MEAN: 0.0, names.ADVANTAGE_STD: 0.0}
+    return {names.ADVANTAGE_MEAN: float(values.mean()), names.ADVANTAGE_STD: float(values.std(correction=0))}
 
 
 def shape_rewards(
