@@ -29,6 +29,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False  # keep sampling past EOS (benchmarks and length tests)
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Sample:
     num_turns: int = 1
     num_tool_calls: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    # Images of a multimodal episode in the order their placeholders appear in the tokens (the
+    # trainer needs them to recompute log-probs); empty for text-only episodes.
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

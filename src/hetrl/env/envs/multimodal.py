@@ -1,0 +1,83 @@
+"""Multimodal: questions about procedurally rendered scenes of coloured shapes.
+
+A task carries only the scene's description (small, picklable); ``reset`` renders it with PIL and
+puts the image into the user message as an HF content part ``{"type": "image", "image": ...}``.
+The runner passes the episode's images to engines that take them (``generate(..., images=...)``)
+and keeps them in ``Sample.images`` for the trainer.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hetrl.env.base import Message, Task
+from hetrl.env.envs.math import MathEnv
+from hetrl.env.tasks.base import ProceduralSource
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40)}
+KINDS = ("circle", "square", "triangle")
+IMAGE_SIZE = 128
+CELL = 32  # shapes sit in a 4x4 grid of cells so they never overlap (counting stays well defined)
+
+
+def render_scene(shapes: list[dict[str, Any]], size: int = IMAGE_SIZE):
+    """A PIL image of ``shapes`` (each {kind, colour, cell}) on a white background."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(image)
+    per_row = size // CELL
+    for shape in shapes:
+        x0, y0 = (shape["cell"] % per_row) * CELL + 4, (shape["cell"] // per_row) * CELL + 4
+        x1, y1 = x0 + CELL - 8, y0 + CELL - 8
+        fill = COLOURS[shape["colour"]]
+        if shape["kind"] == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=fill)
+        elif shape["kind"] == "square":
+            draw.rectangle((x0, y0, x1, y1), fill=fill)
+        else:
+            draw.polygon([((x0 + x1) // 2, y0), (x0, y1), (x1, y1)], fill=fill)
+    return image
+
+
+def make_scene(rng: random.Random) -> tuple[list[dict[str, Any]], str, str]:
+    """(shapes, question, answer) for one seeded scene."""
+    cells = rng.sample(range((IMAGE_SIZE // CELL) ** 2), rng.randint(2, 7))
+    shapes = [{"kind": rng.choice(KINDS), "colour": rng.choice(sorted(COLOURS)), "cell": c} for c in cells]
+    if rng.random() < 0.5:
+        colour = rng.choice(sorted(COLOURS))
+        question = f"How many {colour} shapes are in the image?"
+        answer = str(sum(s["colour"] == colour for s in shapes))
+    else:
+        kind = rng.choice(KINDS)
+        question = f"How many shapes in the image are a {kind}?"
+        answer = str(sum(s["kind"] == kind for s in shapes))
+    return shapes, question, answer
+
+
+class ShapesSource(ProceduralSource):
+    """Seeded scene questions; the answer is a count, as a string."""
+
+    name = "shapes"
+
+    def make(self, rng: random.Random, index: int) -> Task:
+        shapes, question, answer = make_scene(rng)
+        return Task(task_id=f"shapes/{index}", source=self.name,
+                    messages=[{"role": "user", "content": question + " Give the number inside <answer></answer> tags."}],
+                    answer=answer, metadata={"shapes": shapes})
+
+
+class MultimodalEnv(MathEnv):
+    """Single-turn visual question answering, scored like math (the answer is a number)."""
+
+    system_prompt = "Look at the image and answer the question. Give only the final answer inside <answer></answer> tags."
+
+    async def reset(self, task: Task, seed: int) -> list[Message]:
+        if "shapes" not in task.metadata:
+            raise ValueError(f"task {task.task_id}: the multimodal env needs a scene (metadata['shapes'])")
+        messages = await super().reset(task, seed)
+        image = render_scene(task.metadata["shapes"])
+        last = messages[-1]
+        last["content"] = [{"type": "image", "image": image}, {"type": "text", "text": last["content"]}]
+        return messages

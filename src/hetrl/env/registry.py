@@ -1,0 +1,91 @@
+"""Names a recipe may use for environments and task sources, and the builders that resolve them.
+
+Both are allowlists (name -> "module:attribute", imported only when used): a recipe selects among
+shipped components but can never make a worker import arbitrary code. A new environment is one
+line here (see docs/environments.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any, Callable
+
+from hetrl.config.env import EnvConfig, TaskSourceConfig
+from hetrl.env.base import Environment
+from hetrl.env.execution import CodeRunner
+from hetrl.env.tasks.base import TaskSource, TaskStream
+
+ENVIRONMENTS: dict[str, str] = {
+    "math": "hetrl.env.envs.math:MathEnv",
+    "code": "hetrl.env.envs.code:CodeEnv",
+    "tool_math": "hetrl.env.envs.tool_use:ToolMathEnv",
+    "terminal": "hetrl.env.envs.terminal:TerminalEnv",
+    "multimodal": "hetrl.env.envs.multimodal:MultimodalEnv",
+}
+
+TASK_SOURCES: dict[str, str] = {
+    "reasoning_gym": "hetrl.env.tasks.reasoning_gym:ReasoningGymSource",
+    "human_eval": "hetrl.env.tasks.human_eval:HumanEvalSource",
+    "file": "hetrl.env.tasks.files:FileSource",
+    "file_ops": "hetrl.env.envs.terminal:FileOpsSource",
+    "shapes": "hetrl.env.envs.multimodal:ShapesSource",
+}
+
+
+def _resolve(table: dict[str, str], name: str, kind: str) -> Any:
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(table))}")
+    module, _, attribute = table[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@functools.lru_cache(maxsize=1)
+def shared_runner() -> CodeRunner:
+    """One sandbox pool per process, shared by every episode that runs code."""
+    from hetrl.env.execution import default_runner
+
+    return default_runner()
+
+
+def env_factory(cfg: EnvConfig, runner: CodeRunner | None = None) -> Callable[[], Environment]:
+    """A zero-argument constructor of fresh environments (one per concurrent episode) for ``cfg``."""
+    cls = _resolve(ENVIRONMENTS, cfg.name, "environment")
+    params = inspect.signature(cls).parameters
+    unknown = sorted(set(cfg.options) - set(params) - {"runner", "system_prompt"})
+    if unknown:
+        valid = sorted(set(params) - {"runner", "system_prompt"})
+        raise ValueError(f"env.options {unknown} are not options of environment {cfg.name!r}; valid: {valid}")
+    kwargs = {**cfg.options, "system_prompt": cfg.system_prompt}
+    needs_runner = "runner" in params
+
+    def make() -> Environment:
+        if needs_runner:  # resolved per call, so a config-only process never starts a sandbox pool
+            return cls(runner=runner or shared_runner(), **kwargs)
+        return cls(**kwargs)
+
+    return make
+
+
+def build_env(cfg: EnvConfig, runner: CodeRunner | None = None) -> Environment:
+    """One environment instance for ``cfg`` (code-running ones share ``runner`` or the process's pool)."""
+    return env_factory(cfg, runner)()
+
+
+def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
+    """The task source ``cfg`` names; procedural sources are fixed by ``seed``."""
+    cls = _resolve(TASK_SOURCES, cfg.source, "task source")
+    if cfg.source == "file":
+        if cfg.path is None:
+            raise ValueError("env.tasks.path is required when env.tasks.source is 'file'")
+        return cls(cfg.path)
+    if cfg.source == "reasoning_gym":
+        return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options)
+    if cfg.options:
+        raise ValueError(f"env.tasks.options are not used by task source {cfg.source!r}: {sorted(cfg.options)}")
+    return cls() if cfg.source == "human_eval" else cls(size=cfg.size, seed=seed)
+
+
+def build_task_stream(cfg: TaskSourceConfig, seed: int, shuffle: bool = True) -> TaskStream:
+    return TaskStream(build_task_source(cfg, seed), seed=seed, shuffle=shuffle)

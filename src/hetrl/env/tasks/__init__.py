@@ -1,0 +1,1 @@
+"""Task sources: reasoning-gym, HumanEval, users' JSONL/Parquet files; and the resumable stream."""
