@@ -49,7 +49,7 @@ class AlgorithmConfig(Section):
     )
     overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: tokens before max_tokens where the penalty ramps in (0 = off).")
     overlong_penalty: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at max_tokens.")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount for GAE (ppo).")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount for GAE (ppo) and the REINFORCE++ return-to-go.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (ppo).")
     value_clip: float = Field(0.2, gt=0.0, description="PPO value-function clip range.")
     value_coef: float = Field(0.5, ge=0.0, description="PPO value-loss weight.")

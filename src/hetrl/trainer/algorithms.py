@@ -97,8 +97,8 @@ def _is_weights(
     return weights
 
 
-def _require(inputs: LossInputs, names: Sequence[str], why: str) -> None:
-    missing = [name for name in names if getattr(inputs, name) is None]
+def _require(inputs: LossInputs, fields: Sequence[str], why: str) -> None:
+    missing = [field for field in fields if getattr(inputs, field) is None]
     if missing:
         raise ValueError(f"{why} needs LossInputs.{', '.join(missing)}")
 
