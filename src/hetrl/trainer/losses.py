@@ -117,7 +117,7 @@ def ppo_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 
 
 def gspo_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """GSPO-token ratio (Zheng et al. 2025, "Group Sequence Policy Optimization", eq. 13-14).
+    """GSPO-token ratio (Zheng et al. 2025, "Group Sequence Policy Optimization", GSPO-token).
 
     The sequence ratio is the length-normalised likelihood ratio
     ``s_i = exp((1/|y_i|) sum_t m_t (logp_t - logp_old_t))``; its per-token form
@@ -147,7 +147,7 @@ def clipped_surrogate(
     Policy Optimization Algorithms", eq. 7, negated for minimisation). Separate ``eps_low`` and
     ``eps_high`` is DAPO's clip-higher (Yu et al. 2025): a larger ``eps_high`` lets unlikely tokens
     with positive advantage grow, which keeps entropy from collapsing. Dual clip (Ye et al. 2020,
-    "Mastering Complex Control in MOBA Games with Deep RL", eq. 6): for ``A < 0`` the loss is
+    "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"): for ``A < 0`` the loss is
     further bounded by ``-c A`` (c > 1), so a huge ratio on a bad token cannot blow up the update.
 
     Returns the per-token loss and boolean masks of where each clip is active (gradient zero):
@@ -172,7 +172,7 @@ def clipped_surrogate(
 
 
 def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_high: float) -> tuple[Tensor, Tensor]:
-    """CISPO per-token loss (MiniMax 2025, "MiniMax-M1", eq. 4-5).
+    """CISPO per-token loss (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention").
 
     ``l_t = -sg(min(r_t, 1 + eps_high)) * A_t * logp_t``. Unlike PPO-clip, which drops the gradient
     of clipped tokens entirely, CISPO clips only the (stop-gradient) importance weight, so every
