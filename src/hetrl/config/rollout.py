@@ -33,4 +33,14 @@ class RolloutConfig(Section):
     )
     weight_sync_bucket_mb: int = Field(256, ge=1, description="Bucket size of the streamed weight sync.")
     verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0.0, description="How long an engine waits for the next bucket of a weight push before it drops the push and keeps its old weights."
+    )
+    max_num_seqs: int = Field(256, ge=1, description="Sequences one engine decodes together (vLLM max_num_seqs).")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Tokens per engine step (vLLM max_num_batched_tokens); null = vLLM's default. Larger values avoid split prefills."
+    )
+    cpu_threads_bind: str | None = Field(
+        None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1' (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use."
+    )
     partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")

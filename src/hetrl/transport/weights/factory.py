@@ -1,0 +1,54 @@
+"""Pick a weight transport from the recipe's ``rollout.weight_sync`` key."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from hetrl.transport.weights.base import WeightReceiver, WeightSender
+from hetrl.transport.weights.collective import WeightSyncGroup
+
+# kind -> (module, sender class, receiver class); modules import lazily (ipc needs CUDA pieces).
+_CLASSES = {
+    "collective": ("hetrl.transport.weights.collective", "CollectiveWeightSender", "CollectiveWeightReceiver"),
+    "ipc": ("hetrl.transport.weights.ipc", "IpcWeightSender", "IpcWeightReceiver"),
+    "filesystem": ("hetrl.transport.weights.filesystem", "FilesystemWeightSender", "FilesystemWeightReceiver"),
+}
+TRANSPORTS = tuple(_CLASSES)
+
+
+def resolve_transport(weight_sync: str, placement: str, on_gpu: bool) -> str:
+    """``auto`` -> ``ipc`` when engines share the trainer's GPUs, else ``collective``."""
+    if weight_sync == "auto":
+        return "ipc" if placement == "colocated" and on_gpu else "collective"
+    if weight_sync not in TRANSPORTS:
+        raise ValueError(f"unknown rollout.weight_sync {weight_sync!r}; valid: auto, {', '.join(TRANSPORTS)}")
+    if weight_sync == "ipc" and not on_gpu:
+        raise ValueError("rollout.weight_sync='ipc' needs GPUs shared by trainer and engines; use 'collective' or 'filesystem'")
+    return weight_sync
+
+
+def _check_args(kind: str, group: WeightSyncGroup | None, root: str | Path | None) -> None:
+    if kind == "filesystem" and root is None:
+        raise ValueError("the 'filesystem' weight transport needs root= (a directory both sides can reach)")
+    if kind in ("collective", "ipc") and group is None:
+        raise ValueError(f"the {kind!r} weight transport needs group= (see init_weight_sync_group)")
+    if kind not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {kind!r}; valid: {', '.join(TRANSPORTS)}")
+
+
+def _build(kind: str, side: int, group: WeightSyncGroup | None, root: str | Path | None, verify: bool):
+    _check_args(kind, group, root)
+    module_name, *class_names = _CLASSES[kind]
+    cls = getattr(importlib.import_module(module_name), class_names[side])
+    return cls(root, verify=verify) if kind == "filesystem" else cls(group, verify=verify)
+
+
+def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightSender:
+    """The trainer-side transport ``kind``: ``group`` for collective/ipc, ``root`` for filesystem."""
+    return _build(kind, 0, group, root, verify)
+
+
+def build_weight_receiver(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightReceiver:
+    """The engine-side counterpart of :func:`build_weight_sender`."""
+    return _build(kind, 1, group, root, verify)
