@@ -100,8 +100,8 @@ SuspendExcParts=gpu,cpu
 ResumeTimeout=60
 NodeName=gpu[1-$NUM_GPU_NODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((GPU_PORT0 + 1))-$gpu_last] CPUs=8 RealMemory=4000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
 NodeName=cpu[1-$NUM_CPU_NODES] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((CPU_PORT0 + 1))-$cpu_last] CPUs=8 RealMemory=4000 State=UNKNOWN
-NodeName=sgpu[1-1024] NodeAddr=127.0.0.1 Port=16999 CPUs=96 RealMemory=1800000 Gres=gpu:8 State=CLOUD
-NodeName=scpu[1-64] NodeAddr=127.0.0.1 Port=16999 CPUs=96 RealMemory=1800000 State=CLOUD
+NodeName=sgpu[1-1024] NodeAddr=127.0.0.1 Port=16999 CPUs=96 RealMemory=2000000 Gres=gpu:8 State=CLOUD
+NodeName=scpu[1-64] NodeAddr=127.0.0.1 Port=16999 CPUs=96 RealMemory=2000000 State=CLOUD
 PartitionName=gpu Nodes=gpu[1-$NUM_GPU_NODES] Default=YES MaxTime=INFINITE State=UP
 PartitionName=cpu Nodes=cpu[1-$NUM_CPU_NODES] MaxTime=INFINITE State=UP
 PartitionName=scale_gpu Nodes=sgpu[1-1024] MaxTime=INFINITE State=UP
