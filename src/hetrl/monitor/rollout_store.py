@@ -49,7 +49,7 @@ _STRING_FIELDS = (
 _COLUMNS: dict[str, type] = {
     "reward": np.float64, "num_turns": np.int32, "num_tool_calls": np.int32, "has_trainer_logprobs": np.int8,
     "min_version": np.int32, "max_version": np.int32,
-    "step": np.int64,  # last: the commit mark (see module docstring)
+    "step": np.int64,  # the commit mark (see module docstring), written after everything else
 }
 _OFFSET_FIELDS = ("prompt_ids", "completion_ids", *_STRING_FIELDS)
 _VALUE_CHUNK = 1 << 16
@@ -99,6 +99,13 @@ class RolloutStore:
             f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=np.uint8, chunks=(_VALUE_CHUNK,), **opts)
         f.attrs["format"] = "hetrl-rollouts-v1"
         f.swmr_mode = True
+        # Handles cached: h5py's path lookup per access dominated small flushes.
+        self._datasets = {
+            **{f"samples/{k}": f[f"samples/{k}"] for k in _COLUMNS},
+            **{f"ragged/{k}/end": f[f"ragged/{k}/end"] for k in _OFFSET_FIELDS},
+            **{f"ragged/{k}/values": f[f"ragged/{k}/values"] for k in (*_TOKEN_FIELDS, *_STRING_FIELDS)},
+        }
+        self._ends = dict.fromkeys(_OFFSET_FIELDS, 0)
         os.replace(tmp, self.path)
         return f
 
@@ -160,22 +167,28 @@ class RolloutStore:
         start = ds.shape[0]
         ds.resize((start + data.shape[0],))
         ds[start:] = data
-        ds.flush()
 
     def flush(self) -> None:
         """Write pending samples and make them visible to readers."""
         if not self._pending or self._file is None:
             return
         flat, lengths, cols = self._encode()
-        f = self._file
+        ds = self._datasets
         for k, data in flat.items():
-            self._extend(f[f"ragged/{k}/values"], data)
+            self._extend(ds[f"ragged/{k}/values"], data)
         for k, lens in lengths.items():
-            ds = f[f"ragged/{k}/end"]
-            base = int(ds[-1]) if ds.shape[0] else 0
-            self._extend(ds, base + np.cumsum(lens))
-        for k in _COLUMNS:  # dict order puts `step` (the commit mark) last
-            self._extend(f[f"samples/{k}"], cols[k])
+            end = ds[f"ragged/{k}/end"]
+            base = int(self._ends[k])
+            self._extend(end, base + np.cumsum(lens))
+            self._ends[k] = base + int(lens.sum())
+        for k in _COLUMNS:
+            if k != "step":
+                self._extend(ds[f"samples/{k}"], cols[k])
+        # One file-level flush publishes everything above; only then the commit mark (see module
+        # docstring).
+        self._file.flush()
+        self._extend(ds["samples/step"], cols["step"])
+        ds["samples/step"].flush()
         self._num_written += len(self._pending)
         self._pending.clear()
 
