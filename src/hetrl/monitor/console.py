@@ -112,6 +112,7 @@ class LiveConsole:
     """rich Live view: progress bar + key-metrics row + role table + recent alerts."""
 
     _MAX_ALERTS = 5
+    _PAIRS_PER_ROW = 3
 
     def __init__(self, total_steps: int, key_metrics: Sequence[str], console: RichConsole):
         self.key_metrics = list(key_metrics)
@@ -127,10 +128,16 @@ class LiveConsole:
         self._live.start()
 
     def _render(self) -> Group:
-        metrics = Table(box=None, pad_edge=False, show_edge=False)
-        for name in self.key_metrics:
-            metrics.add_column(name, justify="right")
-        metrics.add_row(*(format_value(self._metrics.get(k)) for k in self.key_metrics))
+        # name/value pairs, _PAIRS_PER_ROW per row: long metric names fit an 80-column terminal.
+        metrics = Table(box=None, pad_edge=False, show_header=False)
+        for _ in range(self._PAIRS_PER_ROW):
+            metrics.add_column(style="bold", no_wrap=True)
+            metrics.add_column(justify="right", no_wrap=True, min_width=9)
+        cells = [c for k in self.key_metrics for c in (k, format_value(self._metrics.get(k)))]
+        width = 2 * self._PAIRS_PER_ROW
+        for i in range(0, len(cells), width):
+            row = cells[i : i + width]
+            metrics.add_row(*row, *[""] * (width - len(row)))
         roles = Table("role", "state", "tokens/s", "last progress", box=None, pad_edge=False)
         for r in self._roles:
             roles.add_row(r.role, r.state, format_value(r.tokens_per_s), f"{r.idle_s:.0f}s ago")
