@@ -22,7 +22,7 @@ def tool_call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def play(env, task, codec, script, seed=0, max_turns=8, max_episode_tokens=8192, max_tokens=512):
+def play(env, task, codec, script, seed=0, max_turns=8, max_episode_tokens=8192, max_tokens=2048):
     """Run one episode of ``env`` on ``task`` with a scripted policy; returns (sample, policy)."""
     policy = ScriptedPolicy(codec, script)
     sample = asyncio.run(run_episode(env, task, seed, policy.generate, codec, SamplingParams(max_tokens=max_tokens),
