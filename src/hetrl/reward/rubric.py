@@ -1,0 +1,92 @@
+"""A composable rubric: weighted reward functions plus zero-weight metrics, built from RewardConfig.
+
+Function names resolve through ``REWARD_ALLOWLIST`` (config/reward.py) and are imported only when
+used. Objects a recipe cannot express (a sandbox pool, a judge's generate function, a reward-model
+server) are passed as ``resources`` and handed to the factories whose signature names them.
+
+Invariants of ``score`` (it never raises): a source that errors scores 0 with flag
+``reward/error:<source>``; a nan/inf or out-of-range value scores 0 with a ``hack/`` flag; any
+``hack/`` flag from any source zeroes the TOTAL, so one fooled verifier cannot pay for a hack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
+from hetrl.reward.base import RewardFn, RewardOutcome, as_value
+from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
+from hetrl.types import Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WeightedFn:
+    source: str
+    fn: RewardFn
+    weight: float
+
+
+def resolve(name: str) -> Any:
+    """The factory registered under ``name`` (lazy import; only allowlisted names)."""
+    if name not in REWARD_ALLOWLIST:
+        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_ALLOWLIST)}")
+    module, attr = REWARD_ALLOWLIST[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _construct(factory: Any, kwargs: dict[str, Any], resources: dict[str, Any]) -> RewardFn:
+    params = inspect.signature(factory).parameters
+    wanted = {k: v for k, v in resources.items() if k in params and k not in kwargs}
+    return factory(**kwargs, **wanted)
+
+
+class Rubric:
+    def __init__(self, functions: list[WeightedFn], clip_min: float = -10.0, clip_max: float = 10.0) -> None:
+        sources = [f.source for f in functions]
+        if len(set(sources)) != len(sources):
+            raise ValueError(f"reward sources must be unique (set `source:` to use a function twice), got {sources}")
+        self.functions = functions
+        self.clip_min, self.clip_max = clip_min, clip_max
+
+    @classmethod
+    def from_config(cls, config: RewardConfig, resources: dict[str, Any] | None = None) -> "Rubric":
+        resources = {"timeout_s": config.math_timeout_s, **(resources or {})}
+        fns = [WeightedFn(f.resolved_source, _construct(resolve(f.name), f.kwargs, resources), f.weight) for f in config.functions]
+        return cls(fns, config.clip_min, config.clip_max)
+
+    def score(self, sample: Sample) -> RewardOutcome:
+        per_source: dict[str, float] = {}
+        flags: list[str] = []
+        metrics: dict[str, float] = {}
+        for wf in self.functions:
+            try:
+                value = as_value(wf.fn(sample))
+            except Exception as exc:  # a broken reward source must not stop the stream
+                log.warning("reward source %s failed on %s: %s", wf.source, sample.sample_id, exc)
+                flags.append(f"reward/error:{wf.source}")
+                metrics[f"reward_error/{wf.source}"] = 1.0
+                per_source[wf.source] = 0.0
+                continue
+            bad = check_value(value.score)
+            per_source[wf.source] = 0.0 if bad else value.score
+            flags += bad + value.flags
+            metrics.update(value.metrics)
+        total = sum(wf.weight * per_source[wf.source] for wf in self.functions if wf.weight != 0)
+        if not self.clip_min <= total <= self.clip_max:
+            flags.append(OUT_OF_RANGE_REWARD)
+        if is_hack(flags):
+            total = 0.0
+        metrics["reward/hacked"] = float(is_hack(flags))
+        return RewardOutcome(total=total, per_source=per_source, flags=sorted(set(flags)), metrics=metrics)
+
+    def close(self) -> None:
+        for wf in self.functions:
+            close = getattr(wf.fn, "close", None)
+            if callable(close):
+                close()
