@@ -1,0 +1,293 @@
+"""Turn a list of :class:`hetrl.types.Sample` into the trainer's micro-batches.
+
+Two spaces, kept apart on purpose:
+
+* **model space** — what the network eats: rows of token ids ``[R, T]`` (one sample per row, right
+  padded; or several samples packed into one row, with position ids restarting per sample and a
+  block-diagonal causal mask), plus the next-token ``labels``;
+* **sample space** — what the loss eats: one row per sample and one column per *completion*
+  token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
+  ``hetrl.trainer.algorithms.compute_advantages``'s output (see :func:`completion_tensors`).
+
+``MicroBatch.gather_index`` maps one to the other: the log-prob of completion token ``j`` of a
+sample starting at offset ``o`` of row ``r`` with a prompt of ``P`` tokens is read at flat position
+``r * T + o + P + j - 1`` of the model's per-position log-probs (position ``t`` predicts token
+``t + 1``). So packing never leaks into the loss: sequence-level losses (GSPO, seq-mean) see whole
+sequences whatever the packing.
+
+Micro-batches are balanced by tokens (longest-processing-time-first assignment), and every rank
+can be made to run the same number of them (:meth:`TrainBatch.padded_to`), which expert-parallel
+all-to-alls and pipeline schedules need.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from hetrl.types import Sample
+
+PAD_TOKEN_ID = 0  # masked everywhere it appears; right padding under a causal mask changes nothing
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward pass: model-space inputs and sample-space targets."""
+
+    tokens: Tensor  # [R, T] long
+    position_ids: Tensor  # [R, T] long
+    labels: Tensor  # [R, T] long, tokens shifted left by one (PAD past the end of a row)
+    attention_mask: Tensor | None  # [R, 1, T, T] bool, True = masked; packed rows only
+    gather_index: Tensor  # [n, Tc] long, flat index into [R * T] per-position log-probs
+    loss_mask: Tensor  # [n, Tc] float, 1 for policy tokens
+    rollout_logprobs: Tensor  # [n, Tc] float, engine log-probs (0 off-mask)
+    advantages: Tensor  # [n, Tc] float
+    sample_indices: list[int]  # positions of the n samples in the TrainBatch (empty for a filler)
+    num_tokens: int  # real (non-pad) tokens in the rows
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.sample_indices)
+
+
+@dataclass
+class TrainBatch:
+    """The micro-batches of one rank for one optimizer step (or one log-prob pass)."""
+
+    micro_batches: list[MicroBatch]
+    num_samples: int
+    max_completion_len: int
+    # Position of each of this rank's samples in the step's full (all data-parallel ranks) batch.
+    global_indices: list[int]
+    num_global_samples: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(mb.num_tokens for mb in self.micro_batches)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The largest ``(rows, tokens)`` of any micro-batch."""
+        return (max(mb.tokens.shape[0] for mb in self.micro_batches), max(mb.tokens.shape[1] for mb in self.micro_batches))
+
+    def padded_to(self, num_micro_batches: int) -> "TrainBatch":
+        """The same batch with filler micro-batches (no policy tokens) appended up to the count."""
+        missing = num_micro_batches - len(self.micro_batches)
+        if missing < 0:
+            raise ValueError(f"batch has {len(self.micro_batches)} micro-batches, more than {num_micro_batches}")
+        template = self.micro_batches[0]
+        return replace(self, micro_batches=self.micro_batches + [_filler(template) for _ in range(missing)])
+
+    def uniform(self) -> "TrainBatch":
+        """Every micro-batch padded to the same ``[R, T]`` (pipeline p2p transfers need one shape)."""
+        rows, length = self.shape
+        return replace(self, micro_batches=[_pad_rows(mb, rows, length) for mb in self.micro_batches])
+
+    def scatter(self, per_micro_batch: Sequence[Tensor]) -> Tensor:
+        """Sample-space tensors of each micro-batch ``[n, Tc_mb]`` -> one ``[N, Tc]`` in batch order."""
+        out = torch.zeros(self.num_samples, self.max_completion_len, dtype=torch.float32)
+        for mb, values in zip(self.micro_batches, per_micro_batch):
+            if mb.sample_indices:
+                out[mb.sample_indices, : values.shape[1]] = values.detach().float().cpu()
+        return out
+
+    def gather(self, values: Tensor, mb: MicroBatch) -> Tensor:
+        """The rows of a batch-order ``[N, Tc]`` tensor that belong to ``mb``, as ``[n, Tc_mb]``."""
+        if not mb.sample_indices:
+            return torch.zeros_like(mb.loss_mask)
+        return values[mb.sample_indices, : mb.loss_mask.shape[1]].to(mb.loss_mask.device)
+
+
+def completion_tensors(samples: Sequence[Sample]) -> tuple[Tensor, Tensor]:
+    """``(loss_mask, engine_logprobs)`` ``[N, Tc]`` in sample space (right-padded with 0).
+
+    The loop builds its reward/advantage tensors with this, so that they line up with the
+    trainer's sample space.
+    """
+    width = max((len(s.completion_ids) for s in samples), default=0)
+    mask = torch.zeros(len(samples), max(width, 1))
+    logprobs = torch.zeros_like(mask)
+    for i, s in enumerate(samples):
+        n = len(s.completion_ids)
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return mask, logprobs * mask
+
+
+def _advantage_rows(advantages: Tensor | Sequence[float], samples: Sequence[Sample], width: int) -> Tensor:
+    """Per-token advantages ``[N, width]``: an ``[N]`` sequence advantage is broadcast over tokens."""
+    adv = torch.as_tensor(advantages, dtype=torch.float32)
+    if adv.shape[0] != len(samples) or adv.dim() not in (1, 2):
+        raise ValueError(f"advantages must be [N] or [N, Tc] with N={len(samples)} samples, got shape {tuple(adv.shape)}")
+    if adv.dim() == 1:
+        return adv[:, None].expand(len(samples), width).clone()
+    if adv.shape[1] < width:
+        adv = torch.nn.functional.pad(adv, (0, width - adv.shape[1]))
+    return adv[:, :width]
+
+
+def balanced_bins(sizes: Sequence[int], num_bins: int, capacity: int | None = None) -> list[list[int]]:
+    """Indices of ``sizes`` split into ``num_bins`` bins of about equal total size (LPT heuristic).
+
+    Largest items first, each to the currently lightest bin that has room (``capacity`` items per
+    bin). Within a bin the original order is kept, so results stay deterministic.
+    """
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}")
+    if capacity is not None and capacity * num_bins < len(sizes):
+        raise ValueError(f"{len(sizes)} items do not fit in {num_bins} bins of {capacity}")
+    heap = [(0, b) for b in range(num_bins)]
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    for i in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        if capacity is None or len(bins[b]) < capacity:  # a full bin leaves the heap
+            heapq.heappush(heap, (load + sizes[i], b))
+    return [sorted(b) for b in bins]
+
+
+def _pack_rows(lengths: Sequence[int], pack_length: int) -> list[list[int]]:
+    """First-fit-decreasing packing of sequences into rows of at most ``pack_length`` tokens."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        if lengths[i] > pack_length:
+            raise ValueError(f"a sample of {lengths[i]} tokens does not fit trainer pack_length={pack_length}")
+        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            rows.append([i])
+            room.append(pack_length - lengths[i])
+        else:
+            rows[slot].append(i)
+            room[slot] -= lengths[i]
+    return rows
+
+
+def _block_causal_mask(segments: Tensor) -> Tensor:
+    """``[R, 1, T, T]`` bool mask (True = masked): causal within a segment, nothing across (-1 = pad)."""
+    length = segments.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+    allowed = same & causal
+    allowed |= torch.eye(length, dtype=torch.bool)  # a pad position attends to itself: no all-masked softmax row
+    return ~allowed[:, None]
+
+
+def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]],
+                       advantages: Tensor, packed: bool) -> MicroBatch:
+    """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch."""
+    seqs = [samples[indices[k]] for row in rows for k in row]
+    length = max(sum(len(samples[indices[k]].prompt_ids) + len(samples[indices[k]].completion_ids) for k in row) for row in rows)
+    width = max(max((len(s.completion_ids) for s in seqs), default=0), 1)
+    num_rows, n = len(rows), len(seqs)
+    tokens = torch.full((num_rows, length), PAD_TOKEN_ID, dtype=torch.long)
+    positions = torch.zeros_like(tokens)
+    segments = torch.full_like(tokens, -1)
+    gather = torch.zeros(n, width, dtype=torch.long)
+    loss_mask, rollout, adv = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
+    order: list[int] = []
+    for r, row in enumerate(rows):
+        offset = 0
+        for k in row:
+            i = len(order)
+            s = samples[indices[k]]
+            ids = s.prompt_ids + s.completion_ids
+            p, c = len(s.prompt_ids), len(s.completion_ids)
+            if p == 0:
+                raise ValueError(f"sample {s.sample_id} has an empty prompt: its first token has nothing to condition on")
+            tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            positions[r, offset:offset + len(ids)] = torch.arange(len(ids))
+            segments[r, offset:offset + len(ids)] = i
+            gather[i, :c] = r * length + offset + p - 1 + torch.arange(c)
+            loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
+            adv[i, :c] = advantages[indices[k], :c]
+            order.append(indices[k])
+            offset += len(ids)
+    labels = torch.cat([tokens[:, 1:], torch.full((num_rows, 1), PAD_TOKEN_ID, dtype=torch.long)], dim=1)
+    return MicroBatch(
+        tokens=tokens, position_ids=positions, labels=labels,
+        attention_mask=_block_causal_mask(segments) if packed else None,
+        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=adv * loss_mask,
+        sample_indices=order, num_tokens=int((segments >= 0).sum()),
+    )
+
+
+def build_train_batch(
+    samples: Sequence[Sample],
+    advantages: Tensor | Sequence[float] | None = None,
+    *,
+    micro_batch_size: int,
+    pack_length: int | None = None,
+    global_indices: Sequence[int] | None = None,
+    num_global_samples: int | None = None,
+) -> TrainBatch:
+    """Micro-batches of ``samples`` (this rank's share), balanced by tokens.
+
+    Without ``pack_length`` each micro-batch holds up to ``micro_batch_size`` samples, one per row.
+    With it, samples are first packed into rows of at most ``pack_length`` tokens, and each
+    micro-batch holds up to ``micro_batch_size`` rows. ``advantages`` are ``[N]`` (per sample) or
+    ``[N, Tc]`` (sample space); None means zeros (log-prob passes). ``global_indices`` places
+    these samples in the step's full batch of ``num_global_samples`` (default: they are all of it).
+    """
+    if not samples:
+        raise ValueError("build_train_batch needs at least one sample")
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    width = max(max(len(s.completion_ids) for s in samples), 1)
+    adv = torch.zeros(len(samples), width) if advantages is None else _advantage_rows(advantages, samples, width)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    rows = _pack_rows(lengths, pack_length) if pack_length else [[i] for i in range(len(samples))]
+    row_sizes = [sum(lengths[i] for i in row) for row in rows]
+    num_micro = -(-len(rows) // micro_batch_size)
+    micro = []
+    for row_ids in balanced_bins(row_sizes, num_micro, capacity=micro_batch_size):
+        indices = [i for r in row_ids for i in rows[r]]
+        local = {i: k for k, i in enumerate(indices)}
+        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], adv, bool(pack_length)))
+    indices = list(range(len(samples))) if global_indices is None else list(global_indices)
+    if len(indices) != len(samples):
+        raise ValueError(f"global_indices has {len(indices)} entries for {len(samples)} samples")
+    return TrainBatch(micro_batches=micro, num_samples=len(samples), max_completion_len=width, global_indices=indices,
+                      num_global_samples=len(samples) if num_global_samples is None else num_global_samples)
+
+
+def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int) -> list[int]:
+    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced tokens."""
+    if len(samples) < dp_size:
+        raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
+    sizes = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    return balanced_bins(sizes, dp_size, capacity=-(-len(samples) // dp_size))[dp_rank]
+
+
+def _filler(template: MicroBatch) -> MicroBatch:
+    """A one-row, one-sample micro-batch with nothing to learn from (every mask 0)."""
+    tokens = torch.full((1, template.tokens.shape[1]), PAD_TOKEN_ID, dtype=torch.long)
+    zeros = torch.zeros(1, 1)
+    return MicroBatch(
+        tokens=tokens, position_ids=torch.zeros_like(tokens), labels=tokens.clone(),
+        attention_mask=None if template.attention_mask is None else _block_causal_mask(torch.zeros_like(tokens)),
+        gather_index=torch.zeros(1, 1, dtype=torch.long), loss_mask=zeros, rollout_logprobs=zeros.clone(),
+        advantages=zeros.clone(), sample_indices=[], num_tokens=0,
+    )
+
+
+def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
+    """``mb`` with pad rows/columns added to ``[rows, length]``; the gather index is re-based."""
+    r, t = mb.tokens.shape
+    if (r, t) == (rows, length):
+        return mb
+    grow = (0, length - t, 0, rows - r)
+    tokens = torch.nn.functional.pad(mb.tokens, grow, value=PAD_TOKEN_ID)
+    mask = mb.attention_mask
+    if mask is not None:
+        mask = torch.ones(rows, 1, length, length, dtype=torch.bool)
+        mask[:r, :, :t, :t] = mb.attention_mask
+        mask[:, :, torch.arange(length), torch.arange(length)] = False
+    gather = (mb.gather_index // t) * length + mb.gather_index % t
+    return replace(mb, tokens=tokens, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
+                   labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), attention_mask=mask, gather_index=gather)

@@ -1,0 +1,159 @@
+"""Per-token log-probs and entropy of given tokens, vocab-parallel, over the pipeline schedule.
+
+The output layer's logits stay sharded over tensor-parallel ranks (``[R, T, V/tp]``); nothing
+here gathers the full vocabulary. ``log p(y_t)`` comes from megatron's
+``vocab_parallel_cross_entropy`` (one max and two sum all-reduces over TP), the entropy
+``H = log Z - sum_v p_v z_v`` from the same kind of reductions, differentiable through
+``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity backward: every TP
+rank computes the same downstream loss, so each keeps the gradient of its own shard).
+
+Sampling temperature: engines report ``log_softmax(z / T)``; pass the same ``temperature`` so the
+trainer's log-probs (and the importance ratios built from them) refer to the same distribution.
+
+:func:`forward_logprobs` runs megatron's forward-only schedule over the micro-batches of a
+:class:`hetrl.trainer.batch.TrainBatch` (pipeline-parallel when PP > 1: only the last stage
+computes log-probs, then it broadcasts them over the pipeline group so every rank returns them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hetrl.trainer.batch import MicroBatch, TrainBatch
+from hetrl.trainer.parallel import ParallelGroups
+
+
+def vocab_parallel_entropy(logits: Tensor, tp_group: dist.ProcessGroup | None) -> Tensor:
+    """Entropy ``[...]`` of ``softmax`` over the full vocabulary from this rank's shard ``[..., V/tp]``."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    logits = logits.float()
+    shift = logits.detach().max(dim=-1, keepdim=True).values
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=tp_group)
+    shifted = logits - shift
+    exp = shifted.exp()
+    sum_exp = exp.sum(-1)
+    weighted = (exp * shifted).sum(-1)
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        sum_exp = reduce_from_tensor_model_parallel_region(sum_exp, tp_group)
+        weighted = reduce_from_tensor_model_parallel_region(weighted, tp_group)
+    # H = log Z - E_p[z] with z shifted (the shift cancels): log(sum e) - sum(e z) / sum(e)
+    return sum_exp.log() - weighted / sum_exp
+
+
+def token_logprobs(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    tp_group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``(log p(labels), entropy or None)``, both ``[R, T]``, from vocab-sharded logits ``[R, T, V/tp]``.
+
+    megatron's cross entropy overwrites its input in place (as megatron's own LM loss lets it do
+    with the output layer's result); it gets a copy only when the entropy still needs the logits.
+    """
+    from megatron.core import tensor_parallel
+
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    entropy = vocab_parallel_entropy(scaled, tp_group) if with_entropy else None
+    ce_input = scaled.clone() if with_entropy else scaled
+    logprobs = -tensor_parallel.vocab_parallel_cross_entropy(ce_input.contiguous(), labels)
+    return logprobs, entropy
+
+
+def to_sample_space(per_position: Tensor, mb: MicroBatch) -> Tensor:
+    """Model-space ``[R, T]`` values -> sample-space ``[n, Tc]`` via the micro-batch's gather index."""
+    return per_position.reshape(-1)[mb.gather_index.to(per_position.device)]
+
+
+def model_forward(model: torch.nn.Module, mb: MicroBatch, device: torch.device) -> Tensor:
+    """One micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden."""
+    mask = None if mb.attention_mask is None else mb.attention_mask.to(device)
+    return model(mb.tokens.to(device), mb.position_ids.to(device), mask)
+
+
+def run_schedule(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    groups: ParallelGroups,
+    loss_func: Callable[[MicroBatch, Tensor], tuple[Tensor, dict[str, Any]]],
+    *,
+    forward_only: bool,
+) -> list[dict[str, Any]]:
+    """Megatron's forward(-backward) schedule over the batch; the per-micro-batch dicts (last stage)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if groups.pp_size > 1:
+        batch = batch.uniform()  # p2p transfers between stages assume one activation shape
+    rows, length = batch.shape
+    micro: Iterator[MicroBatch] = iter(batch.micro_batches)
+
+    def forward_step(data_iterator: Iterator[MicroBatch], chunk: torch.nn.Module):
+        mb = next(data_iterator)
+        return model_forward(chunk, mb, groups.device), lambda output: loss_func(mb, output)
+
+    schedule = get_forward_backward_func(pp_size=groups.pp_size)
+    return schedule(
+        forward_step_func=forward_step,
+        data_iterator=micro,
+        model=[model],
+        num_microbatches=len(batch.micro_batches),
+        seq_length=length,
+        micro_batch_size=rows,
+        forward_only=forward_only,
+        pg_collection=groups.pg_collection,
+    )
+
+
+def broadcast_from_last_stage(values: Tensor | None, shape: tuple[int, ...], groups: ParallelGroups) -> Tensor:
+    """The last pipeline stage's tensor on every stage (identity without PP)."""
+    if groups.pp_size == 1:
+        assert values is not None
+        return values
+    out = values if groups.is_last_stage else torch.empty(shape, dtype=torch.float32)
+    dist.broadcast(out, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
+    return out
+
+
+@torch.no_grad()
+def forward_logprobs(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    groups: ParallelGroups,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Sample-space ``(logprobs, entropy or None)`` ``[N, Tc]`` of the batch's completion tokens (0 off-mask)."""
+
+    def collect(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
+        lp, ent = token_logprobs(logits, mb.labels.to(logits.device), tp_group=groups.tp,
+                                 temperature=temperature, with_entropy=with_entropy)
+        out = {"logprobs": to_sample_space(lp, mb) * mb.loss_mask.to(lp.device)}
+        if ent is not None:
+            out["entropy"] = to_sample_space(ent, mb) * mb.loss_mask.to(lp.device)
+        return logits.new_zeros(()), out
+
+    was_training = model.training
+    model.eval()
+    try:
+        stored = run_schedule(model, batch, groups, collect, forward_only=True)
+    finally:
+        model.train(was_training)
+    shape = (batch.num_samples, batch.max_completion_len)
+    logprobs = batch.scatter([d["logprobs"] for d in stored]) if groups.is_last_stage else None
+    entropy = batch.scatter([d["entropy"] for d in stored]) if (with_entropy and groups.is_last_stage) else None
+    logprobs = broadcast_from_last_stage(logprobs, shape, groups)
+    if with_entropy:
+        entropy = broadcast_from_last_stage(entropy, shape, groups)
+    return logprobs, entropy
