@@ -125,7 +125,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str], out: IO[str] | None = None) -> int:
     args = _parser().parse_args(list(argv))
     out = out if out is not None else sys.stdout
-    reader = RolloutReader(args.run)
+    try:
+        reader = RolloutReader(args.run)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     rows = select_rows(reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best)
     if args.json:
         for record in reader.load(rows):

@@ -85,7 +85,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("run", help="run directory (holds metrics.jsonl)")
     parser.add_argument("--out", help="output folder (default RUN/plots)")
     args = parser.parse_args(list(argv))
-    written = plot_run(args.run, args.out)
+    try:
+        written = plot_run(args.run, args.out)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     for path, series in written.items():
         print(f"{path}: {', '.join(series)}")
     missing = sorted(set(PANELS) - {p.stem for p in written})

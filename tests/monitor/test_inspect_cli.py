@@ -72,3 +72,8 @@ def test_table_view_with_tokens_as_module(synthetic_run):
 def test_worst_and_best_exclusive(synthetic_run):
     with pytest.raises(SystemExit):
         main([str(synthetic_run), "--worst", "1", "--best", "1"], out=io.StringIO())
+
+
+def test_missing_run_is_a_clear_error(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")], out=io.StringIO()) == 2
+    assert "no rollout directory" in capsys.readouterr().err

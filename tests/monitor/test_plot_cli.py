@@ -35,3 +35,10 @@ def test_panel_without_data_skipped(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (tmp_path / "plots").iterdir()] == ["entropy.png"]
     assert "skipped (no data): kl, length, mismatch, reward, throughput" in proc.stdout
+
+
+def test_missing_metrics_is_a_clear_error(tmp_path, capsys):
+    from hetrl.plot import main
+
+    assert main([str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err

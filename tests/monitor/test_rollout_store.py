@@ -110,3 +110,17 @@ def test_read_while_another_process_writes(tmp_path):
         if proc.poll() is None:
             proc.kill()
     _assert_equal(RolloutReader(tmp_path).records(), range(steps))
+
+
+def test_flushed_rollouts_survive_a_killed_writer(tmp_path):
+    """A run killed mid-write (OOM, pre-emption) keeps every flushed step readable."""
+    code = WRITER.format(tests=str(Path(__file__).parent), d=str(tmp_path), steps=3)
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(tmp_path / "ready0", proc)
+        (tmp_path / "ack0").touch()
+        _wait_for(tmp_path / "ready1", proc)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    _assert_equal(RolloutReader(tmp_path).records(), range(2))

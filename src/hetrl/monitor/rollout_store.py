@@ -241,10 +241,10 @@ class _OpenFile:
         step = self.f["samples/step"]
         step.refresh()
         self.num = int(step.shape[0])
-        for ds in self._datasets():
+        for ds in self._all_datasets():
             ds.refresh()
 
-    def _datasets(self):
+    def _all_datasets(self):
         for group in ("samples", "ragged"):
             for obj in self.f[group].values():
                 if isinstance(obj, h5py.Dataset):
