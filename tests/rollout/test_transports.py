@@ -1,0 +1,119 @@
+"""Weight transports without an engine: bucketing, packing, checksums, completeness, atomic pushes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetrl.transport.weights import (
+    StagedWeights,
+    WeightSyncError,
+    bucketize,
+    build_weight_receiver,
+    build_weight_sender,
+    resolve_transport,
+)
+from hetrl.transport.weights.base import pack_bucket, unpack_bucket
+from tests.rollout.helpers import push_over_gloo
+
+
+def _state(seed: int = 0, num: int = 6) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {f"layer.{i}.weight": torch.randn(8, 4 + i, generator=generator) for i in range(num)}
+    tensors["scale"] = torch.randn(3, generator=generator).to(torch.bfloat16)
+    return tensors
+
+
+def test_bucketize_respects_the_bound_and_keeps_order():
+    state = _state()
+    buckets = list(bucketize(state.items(), bucket_bytes=300))
+    assert [name for bucket in buckets for name, _ in bucket] == list(state)
+    for bucket in buckets:
+        assert len(bucket) == 1 or sum(t.numel() * t.element_size() for _, t in bucket) <= 300
+    with pytest.raises(ValueError):
+        next(bucketize(state.items(), 0))
+
+
+def test_pack_unpack_roundtrip_mixed_dtypes():
+    state = _state()
+    metas, buffer = pack_bucket(list(state.items()), with_checksum=True)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == sum(t.numel() * t.element_size() for t in state.values())
+    for name, tensor in unpack_bucket(metas, buffer.clone()):
+        assert tensor.dtype == state[name].dtype and torch.equal(tensor, state[name])
+    with pytest.raises(WeightSyncError, match="bytes"):
+        unpack_bucket(metas, buffer[:-1])
+
+
+def test_checksums_catch_a_changed_tensor_and_completeness_is_checked():
+    state = _state()
+    staged = StagedWeights(version=3, tensors={})
+    metas, buffer = pack_bucket(list(state.items()), with_checksum=True)
+    staged.add(unpack_bucket(metas, buffer), metas)
+    staged.verify_checksums()
+    expected = {name: (tuple(t.shape), "F32") for name, t in state.items()}
+    staged.check_complete(expected)
+    staged.tensors["layer.0.weight"][0, 0] += 1.0
+    with pytest.raises(WeightSyncError, match="checksum mismatch in 1"):
+        staged.verify_checksums()
+    with pytest.raises(WeightSyncError, match="missing"):
+        staged.check_complete({**expected, "extra.weight": ((2,), "F32")})
+    with pytest.raises(WeightSyncError, match="wrong shapes"):
+        staged.check_complete({**expected, "scale": ((4,), "BF16")})
+    with pytest.raises(WeightSyncError, match="sent twice"):
+        staged.add([("scale", state["scale"])], metas[-1:])
+
+
+def test_filesystem_push_is_atomic_and_versioned(tmp_path):
+    sender = build_weight_sender("filesystem", root=tmp_path, verify=True)
+    receiver = build_weight_receiver("filesystem", root=tmp_path, verify=True)
+    with pytest.raises(WeightSyncError, match="LATEST"):
+        receiver.receive()
+    first = _state(1)
+    sender.send(bucketize(first.items(), 200), version=1)
+
+    def failing():
+        yield list(_state(2).items())[:2]
+        raise OSError("exporter died")
+
+    with pytest.raises(OSError):
+        sender.send(failing(), version=2)
+    assert receiver.latest_version() == 1 and not list(tmp_path.glob(".v*"))
+    staged = receiver.receive()
+    assert staged.version == 1 and all(torch.equal(staged.tensors[n], t) for n, t in first.items())
+    for version in (2, 3, 4):
+        sender.send(bucketize(_state(version).items(), 200), version=version)
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v00000003", "v00000004"]
+    assert receiver.receive().version == 4
+
+
+def test_gloo_push_roundtrip_with_verify():
+    import torch.distributed as dist
+
+    state = _state(5)
+    staged, errors = push_over_gloo(bucketize(state.items(), 256), version=7, verify=True)
+    assert not errors and staged.version == 7
+    assert all(torch.equal(staged.tensors[n], t) and staged.tensors[n].dtype == t.dtype for n, t in state.items())
+    assert all(meta.checksum is not None for meta in staged.sent.values())
+    assert not dist.is_initialized()  # the default group is the trainer's; we never touch it
+
+
+def test_gloo_push_voided_midway_raises_on_the_engine():
+    def failing():
+        yield list(_state(6).items())[:3]
+        raise ValueError("exporter failed")
+
+    outcome, errors = push_over_gloo(failing(), version=2)
+    assert isinstance(outcome, WeightSyncError) and "voided push v2" in str(outcome)
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+
+
+def test_resolve_transport():
+    assert resolve_transport("auto", "colocated", on_gpu=True) == "ipc"
+    assert resolve_transport("auto", "colocated", on_gpu=False) == "collective"
+    assert resolve_transport("auto", "disaggregated", on_gpu=True) == "collective"
+    with pytest.raises(ValueError, match="needs GPUs"):
+        resolve_transport("ipc", "colocated", on_gpu=False)
+    with pytest.raises(ValueError, match="root="):
+        build_weight_sender("filesystem")
+    with pytest.raises(ValueError, match="valid"):
+        build_weight_sender("carrier-pigeon", root="/tmp")
