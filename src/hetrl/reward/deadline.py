@@ -73,19 +73,22 @@ class DeadlineCaller:
             if worker is None or not worker.proc.is_alive():
                 worker = _Worker(self._fn)
             worker.conn.send(args)
-            if not worker.conn.poll(self.timeout_s):
+            answered = worker.conn.poll(self.timeout_s)
+            if answered:
+                ok, value = worker.conn.recv()
+            else:
                 worker.kill()
                 worker = None
                 self.restarts += 1
-                raise TimeoutError(f"call exceeded {self.timeout_s:g}s; worker killed and replaced")
-            ok, value = worker.conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as exc:
+        except (EOFError, OSError) as exc:
             if worker is not None:
                 worker.kill()
             worker = None
             raise RuntimeError(f"worker died: {exc}") from exc
         finally:
             self._free.put(worker)
+        if not answered:
+            raise TimeoutError(f"call exceeded {self.timeout_s:g}s; worker killed and replaced")
         if not ok:
             raise RuntimeError(value)
         return value
