@@ -101,3 +101,14 @@ def test_eval_metrics_groups_by_prompt_and_task():
     assert mean_at_k([[1, 0], [0.5]]) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="needs >= 8 samples"):
         eval_metrics(samples, ks=[8])
+
+
+def test_free_form_task_and_flag_names_become_valid_segments():
+    from hetrl.monitor import names
+
+    samples = [_s(0, 1.0, 2, task="reasoning_gym/basic_arithmetic", rewards={"judge:v1": 1.0}, flags=["hack/exit_early"])]
+    m = rollout_metrics(samples)
+    assert m["reward/task/reasoning_gym.basic_arithmetic/mean"] == 1.0
+    assert m["flags/hack.exit_early_frac"] == 1.0 and m["reward/judge.v1/mean"] == 1.0
+    assert all(names.check_name(k) == k for k in m)
+    assert "eval/reasoning_gym.basic_arithmetic/pass@1" in eval_metrics(samples, ks=[1])

@@ -39,9 +39,9 @@ def reward_metrics(samples: Sequence[Sample]) -> dict[str, float]:
             by_source[source].append(value)
         by_task[s.task_name].append(s.reward)
     for source, values in sorted(by_source.items()):
-        out.update(_stats(values, lambda stat, src=source: names.reward_source(src, stat)))
+        out.update(_stats(values, lambda stat, src=source: names.reward_source(names.segment(src), stat)))
     for task, values in sorted(by_task.items()):
-        out.update(_stats(values, lambda stat, t=task: names.reward_task(t, stat)))
+        out.update(_stats(values, lambda stat, t=task: names.reward_task(names.segment(t), stat)))
     return out
 
 
@@ -62,7 +62,7 @@ def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
         for flag in set(s.flags):
             flag_counts[flag] += 1
     for flag, count in sorted(flag_counts.items()):
-        out[names.flag_frac(flag)] = count / len(samples)
+        out[names.flag_frac(names.segment(flag))] = count / len(samples)
     return out
 
 

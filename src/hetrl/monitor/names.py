@@ -118,6 +118,12 @@ _spec("eval/<task>/pass@<k>", "Unbiased pass@k (Chen et al. 2021) on held-out pr
 _spec("eval/<task>/mean@<k>", "Mean reward over k samples per held-out prompt, averaged over prompts.", emitted_by="eval")
 
 
+def segment(value: str) -> str:
+    """A free-form name (a task source such as ``reasoning_gym/basic_arithmetic``, a flag such as
+    ``hack/exit_early``) as one metric-path segment: every other character becomes ``.``."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", ".", value) or "_"
+
+
 def _check_segment(kind: str, value: str) -> str:
     if not re.fullmatch(_SEGMENT, value):
         raise ValueError(f"{kind} name {value!r} must be word characters, dots or dashes (it becomes one metric-path segment)")
