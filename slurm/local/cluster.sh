@@ -83,6 +83,8 @@ SelectTypeParameters=CR_Core
 GresTypes=gpu
 SlurmdParameters=config_overrides
 ReturnToService=2
+# Reject requests larger than a partition at submission (like most production sites), not pend forever.
+EnforcePartLimits=ALL
 JobRequeue=1
 KillWait=5
 MinJobAge=600
