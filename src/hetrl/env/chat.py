@@ -46,6 +46,10 @@ class ChatCodec:
         self.tokenizer = tokenizer
         self.image_placeholder = image_placeholder
         self.stop_ids = {tokenizer.eos_token_id} - {None}
+        # A fast tokenizer's Rust backend does the same encode/decode without transformers' per-call
+        # Python overhead (which dominated episode time in bench/env_throughput.py). HF's decode may
+        # also clean up spaces, which must not happen to text the policy sees.
+        self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         self._closer = self._learn_turn_closer()
 
     # --- rendering -----------------------------------------------------------------------------
@@ -69,9 +73,13 @@ class ChatCodec:
         )
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _learn_turn_closer(self) -> str:

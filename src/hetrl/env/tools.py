@@ -16,6 +16,7 @@ the text, and the OpenAI message shape ``{"tool_calls": [{"id", "type": "functio
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import re
@@ -87,21 +88,8 @@ class Tool:
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        description, arg_docs = _docstring_parts(inspect.getdoc(fn) or "")
-        if not description:
-            raise ValueError(f"tool {self.name}: the function needs a docstring (it is the tool's description)")
-        hints = typing.get_type_hints(fn)
-        properties, required = {}, []
-        self.signature = inspect.signature(fn)
-        for pname, param in self.signature.parameters.items():
-            if pname not in hints:
-                raise TypeError(f"tool {self.name}: parameter {pname!r} needs a type hint")
-            properties[pname] = {**_json_schema(hints[pname]), "description": arg_docs.get(pname, "")}
-            if param.default is inspect.Parameter.empty:
-                required.append(pname)
-        self.schema = {"type": "function", "function": {
-            "name": self.name, "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required}}}
+        # Bound methods (tools of an env instance) share their function's schema: built once per class.
+        self.schema = _function_schema(getattr(fn, "__func__", fn), self.name, inspect.ismethod(fn))
 
     def check_arguments(self, arguments: dict[str, Any]) -> str | None:
         """An error text for arguments that do not fit the schema, or None."""
@@ -120,6 +108,25 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**arguments)
         return await asyncio.to_thread(self.fn, **arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def _function_schema(fn: Callable[..., Any], name: str, bound: bool) -> dict[str, Any]:
+    description, arg_docs = _docstring_parts(inspect.getdoc(fn) or "")
+    if not description:
+        raise ValueError(f"tool {name}: the function needs a docstring (it is the tool's description)")
+    hints = typing.get_type_hints(fn)
+    properties, required = {}, []
+    params = list(inspect.signature(fn).parameters.items())[1 if bound else 0:]  # drop self
+    for pname, param in params:
+        if pname not in hints:
+            raise TypeError(f"tool {name}: parameter {pname!r} needs a type hint")
+        properties[pname] = {**_json_schema(hints[pname]), "description": arg_docs.get(pname, "")}
+        if param.default is inspect.Parameter.empty:
+            required.append(pname)
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required}}}
 
 
 def _matches(value: Any, json_type: str) -> bool:
