@@ -60,9 +60,8 @@ def test_memory_bomb(pool):
 
 
 def test_infinite_loop_hits_cpu_limit(pool):
-    r = pool.run("while True: pass", limits=LIMITS.model_copy(update={"cpu_s": 1, "wall_s": 5.0}))
-    assert not r.success and r.reason.startswith("cpu limit"), r
-    assert r.wall_s < 3.0
+    r = pool.run("while True: pass", limits=LIMITS.model_copy(update={"cpu_s": 1, "wall_s": 10.0}))
+    assert not r.success and not r.timeout and r.reason.startswith("cpu limit"), r  # the CPU limit, not the deadline, stopped it
 
 
 def test_signal_ignoring_sleep_killed_at_deadline(pool):
