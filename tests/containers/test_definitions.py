@@ -77,12 +77,12 @@ def test_stack_is_installed_and_tested(definition) -> None:
 def test_entry_points_referenced_exist(definition) -> None:
     _, sections = definition
     text = DEFINITION.read_text()
-    modules = set(re.findall(r"(?<![\w.])(hetrl(?:\.\w+)+)", text))
+    modules = set(re.findall(r"(?:-m |import |, )(hetrl(?:\.\w+)+)", text))  # run or imported
     assert "hetrl.launch.worker" in modules and "python -m hetrl.launch.worker" in " ".join(sections["runscript"])
     for module in modules:
         path = ROOT / "src" / Path(*module.split("."))
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), f"{module} does not exist"
-    for doc in re.findall(r"\b(docs/[\w.]+|containers/[\w.]+)", text):
+    for doc in re.findall(r"\b(docs/[\w.]+\.md|containers/[\w.]+\.sh)", text):
         assert (ROOT / doc).exists(), f"{doc} referenced but missing"
 
 
