@@ -22,7 +22,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from hetrl.config.env import EnvConfig, TaskSourceConfig  # noqa: E402
 from hetrl.env.chat import ChatCodec  # noqa: E402
 from hetrl.env.pool import EnvWorker  # noqa: E402
-from hetrl.env.registry import build_task_stream, env_factory  # noqa: E402
+from hetrl.env.registry import build_task_source, env_factory  # noqa: E402
+from hetrl.env.tasks.base import TaskStream  # noqa: E402
 from hetrl.env.scripted import ScriptedPolicy  # noqa: E402
 from hetrl.models.tokenizer import build_char_tokenizer  # noqa: E402
 from hetrl.types import SamplingParams  # noqa: E402
@@ -64,20 +65,35 @@ async def baseline_episodes(make_env, tasks, codec: ChatCodec, policy: ScriptedP
     return len(tasks)
 
 
+class Materialised:
+    """The bench's tasks generated up front: both loops measure episodes, not task generation."""
+
+    def __init__(self, source) -> None:
+        self.name = source.name
+        self.tasks = [source[i] for i in range(len(source))]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, index: int):
+        return self.tasks[index]
+
+
 def measure(env_name: str, script, max_turns: int) -> tuple[float, float]:
+    source = Materialised(build_task_source(TASKS, seed=0))
     codec = ChatCodec(build_char_tokenizer())
     policy = ScriptedPolicy(codec, script, record=False)
     make_env = env_factory(EnvConfig(name=env_name))
     contender, baseline = [], []
     for _ in range(REPEATS):
-        worker = EnvWorker(make_env, build_task_stream(TASKS, seed=0), codec, SamplingParams(max_tokens=256),
+        worker = EnvWorker(make_env, TaskStream(source, seed=0), codec, SamplingParams(max_tokens=256),
                            max_turns=max_turns, max_episode_tokens=4096, concurrency=64)
         start = time.perf_counter()
         groups = asyncio.run(worker.run_groups(NUM_EPISODES, 1, policy.generate))
         contender.append(NUM_EPISODES / (time.perf_counter() - start))
         if not all(g[0].rewards.get("env") is not None for g in groups):
             raise RuntimeError(f"{env_name}: an episode ended unscored")
-        tasks = build_task_stream(TASKS, seed=0).take(NUM_EPISODES)
+        tasks = TaskStream(source, seed=0).take(NUM_EPISODES)
         start = time.perf_counter()
         asyncio.run(baseline_episodes(make_env, tasks, codec, policy, max_turns))
         baseline.append(NUM_EPISODES / (time.perf_counter() - start))

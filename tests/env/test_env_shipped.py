@@ -130,6 +130,8 @@ def test_build_env_allowlist_and_options(runner):
         env_factory(EnvConfig(name="code", options={"retries": 2}))
     env = build_env(EnvConfig(name="code", options={"max_attempts": 3}, system_prompt="be terse"), runner=runner)
     assert env.max_attempts == 3 and env.system_prompt == "be terse" and env.runner is runner
+    tools = build_env(EnvConfig(name="tool_math", system_prompt="be terse"), runner=runner)
+    assert tools.system_prompt.startswith("be terse") and '"name": "calculator"' in tools.system_prompt
 
 
 def test_same_seed_same_terminal_episode(codec, runner):

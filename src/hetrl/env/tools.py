@@ -2,7 +2,8 @@
 
 A tool is an ordinary (sync or async) function with type hints and a Google-style docstring; its
 JSON schema (OpenAI function format) comes from the signature and the ``Args:`` section, so the
-schema the policy sees cannot drift from the code that runs.
+schema the policy sees cannot drift from the code that runs. Sync tools run in a worker thread (they
+may block); async tools run on the event loop, so cheap pure ones should be async.
 
 Everything that can go wrong on the policy's side (unparsable JSON, an unknown tool, a missing or
 mistyped argument, the tool raising) becomes a tool *observation* with an error text, never an

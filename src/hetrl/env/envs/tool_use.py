@@ -24,7 +24,8 @@ class ToolEnv(Environment):
 
     def __init__(self, tools: list[Callable[..., Any]], system_prompt: str | None = None) -> None:
         self.registry = ToolRegistry(tools)
-        super().__init__(system_prompt or f"{self.base_prompt}\n\n{self.registry.describe()}")
+        # The tool listing is always appended: a recipe's own system prompt must not hide the tools.
+        super().__init__(f"{system_prompt or self.base_prompt}\n\n{self.registry.describe()}")
         self.task: Task | None = None
         self.num_tool_calls = 0
         self.num_tool_errors = 0
@@ -92,7 +93,7 @@ class ToolMathEnv(ToolEnv):
         super().__init__([self.calculator, self.python], system_prompt)
 
     @staticmethod
-    def calculator(expression: str) -> str:
+    async def calculator(expression: str) -> str:  # async: cheap enough to run on the loop, no thread hop
         """Evaluate an arithmetic expression with + - * / // % ** and parentheses.
 
         Args:
