@@ -66,6 +66,9 @@ SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job may restart only once its old credentials expire (default 120 s): a test cluster
+# need not wait that long.
+AuthInfo=cred_expire=10
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/slurmd-%n
 SlurmctldPidFile=$RUN/slurmctld.pid
@@ -195,7 +198,7 @@ start_slurmds() {
 all_nodes_idle() {
   local states
   states=$(sinfo -h -p gpu,cpu -N -o '%T' | sort -u)
-  [[ -n $states ]] && ! grep -qvE '^(idle|mixed|allocated)$' <<<"$states"
+  [[ -n $states ]] && ! grep -qvE "^(idle|mixed|allocated|planned|completing)$" <<<"$states"
 }
 
 cmd_start() {
@@ -215,27 +218,33 @@ cmd_start() {
   log "up: $(sinfo -h -p gpu,cpu -o '%P=%D' | tr '\n' ' ')(accounting via slurmdbd)"
 }
 
-stop_pidfile() {  # stop_pidfile NAME PIDFILE
-  running "$2" || return 0
-  local pid; pid=$(cat "$2")
-  kill "$pid" 2>/dev/null || true
-  local deadline=$((SECONDS + 15))
-  while kill -0 "$pid" 2>/dev/null; do
-    (( SECONDS < deadline )) || { log "$1 (pid $pid) ignores SIGTERM: SIGKILL"; kill -9 "$pid"; break; }
-    sleep 0.2
+stop_pidfiles() {  # stop_pidfiles PIDFILE...: SIGTERM all at once, SIGKILL what is left after 15 s
+  local file pids=()
+  for file in "$@"; do
+    running "$file" && pids+=("$(cat "$file")")
+  done
+  (( ${#pids[@]} )) || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  local deadline=$((SECONDS + 15)) pid
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null; do
+      (( SECONDS < deadline )) || { log "pid $pid ignores SIGTERM: SIGKILL"; kill -9 "$pid"; break; }
+      sleep 0.1
+    done
   done
 }
 
 cmd_stop() {
   [[ $(id -u) == 0 ]] || die "run as root"
-  local node
+  local node slurmds=()
   if running "$RUN/slurmctld.pid"; then
     scancel --state=RUNNING,PENDING -u root >/dev/null 2>&1 || true
   fi
-  for node in $(node_names); do stop_pidfile "slurmd $node" "$RUN/slurmd-$node.pid"; done
-  stop_pidfile slurmctld "$RUN/slurmctld.pid"
-  stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
-  stop_pidfile mariadb "$RUN/mysqld.pid"
+  for node in $(node_names); do slurmds+=("$RUN/slurmd-$node.pid"); done
+  stop_pidfiles "${slurmds[@]}"
+  stop_pidfiles "$RUN/slurmctld.pid"
+  stop_pidfiles "$RUN/slurmdbd.pid"
+  stop_pidfiles "$RUN/mysqld.pid"
   log "stopped (munged left running: other tools may use it)"
 }
 
