@@ -17,7 +17,7 @@ pytestmark = pytest.mark.mpi
 
 def launch(tmp_path, *overrides, env_extra=None, **popen):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", *overrides]
+    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", "--check", *overrides]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 

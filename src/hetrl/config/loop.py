@@ -43,3 +43,10 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save every N steps (0 = only at the end and on pre-emption).")
     resume: Literal["auto", "never"] = Field("auto", description="auto: resume from the run directory's latest checkpoint if there is one.")
     keep: int = Field(2, ge=1, description="Checkpoints kept (older ones deleted).")
+
+
+class WarmStartConfig(Section):
+    steps: int = Field(0, ge=0, description="Supervised steps on demonstrations before RL (0 = start RL from the initial weights).")
+    batch_size: int = Field(64, ge=1, description="Demonstrations per warm-start step.")
+    template: str = Field("\\boxed{{{answer}}}", description="How a demonstration answers: a format string with {answer} (the task's reference answer).")
+    seed_offset: int = Field(7919, description="Demonstration tasks come from the training source with seed run.seed + this (not the eval draw).")

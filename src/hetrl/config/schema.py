@@ -11,7 +11,7 @@ from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.base import Section
 from hetrl.config.cluster import ClusterConfig
 from hetrl.config.env import EnvConfig
-from hetrl.config.loop import CheckpointConfig, EvalConfig, RunConfig, ScheduleConfig
+from hetrl.config.loop import CheckpointConfig, EvalConfig, RunConfig, ScheduleConfig, WarmStartConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.monitor import MonitorConfig
 from hetrl.config.reward import RewardConfig
@@ -30,6 +30,7 @@ class HetrlConfig(Section):
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and tasks.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards and sandbox.")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Sync/async schedule.")
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig, description="Supervised warm start on demonstrations.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing and resume.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics, console, rollout store, guards.")

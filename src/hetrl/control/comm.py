@@ -73,15 +73,41 @@ def init_control_plane(plan: Plan, world: Any = None) -> RoleContext:
     return RoleContext(world, role_comm, plan, assignment)
 
 
+# Sends in flight. A large pickled message completes only once the receiver has posted its
+# receive (MPICH's rendezvous protocol): waiting for it inside send() deadlocks two ranks that
+# send to each other at the same moment. Each process keeps its outgoing requests here and
+# completes them whenever it polls.
+_outbox: list[Any] = []
+
+
 def send(comm: Any, obj: Any, dest: int, tag: Tag) -> None:
-    """Send without waiting for the receiver (buffered isend; the request is completed here)."""
-    comm.isend(obj, dest=dest, tag=int(tag)).wait()
+    """Send without waiting for the receiver; the message completes in later polls or flush_sends()."""
+    _outbox.append(comm.isend(obj, dest=dest, tag=int(tag)))
+    _progress_sends()
+
+
+def _progress_sends() -> None:
+    if _outbox:
+        _outbox[:] = [request for request in _outbox if not request.Test()]
+
+
+def flush_sends(timeout_s: float = 300.0) -> None:
+    """Wait (sleeping) until every message this process sent was received; call before exiting."""
+    deadline = time.monotonic() + timeout_s
+    delay = _POLL_MIN_S
+    while _outbox:
+        _progress_sends()
+        if time.monotonic() > deadline:
+            raise PeerTimeout(f"{len(_outbox)} sent message(s) not received within {timeout_s:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)
 
 
 def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[Any, int, int] | None:
     """Return ``(obj, source, tag)`` if a matching message is waiting, else None. Never blocks."""
     from mpi4py import MPI
 
+    _progress_sends()
     status = MPI.Status()
     src = MPI.ANY_SOURCE if source is None else source
     tg = MPI.ANY_TAG if tag is None else int(tag)

@@ -21,6 +21,7 @@ usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
   recipe=NAME   a recipe under recipes/ (default tiny_grpo) or a path to a YAML file
   key=value     override any recipe key, e.g. nodes=128 trainer.tensor_parallel=4
   --dry-run     print the plan and the job script without running anything
+  --check       start every role, handshake over the control plane, exit (checks the job's wiring)
 """
 
 
@@ -29,8 +30,10 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
+    if argv and argv[0] in RUN_COMMANDS:
+        return run_command(argv[0], argv[1:], console)
     flags = [a for a in argv if a.startswith("--")]
-    unknown = [f for f in flags if f != "--dry-run"]
+    unknown = [f for f in flags if f not in ("--dry-run", "--check")]
     if unknown:
         console.print(f"[red]error:[/red] unknown option(s) {' '.join(unknown)}\n{USAGE}")
         return 2
@@ -50,7 +53,7 @@ def main(argv: list[str]) -> int:
     run_dir = prepare_run_dir(cfg, plan)
     if "--dry-run" in flags:
         return dry_run(cfg, plan, run_dir, Console())
-    return launch(cfg, plan, run_dir)
+    return launch(cfg, plan, run_dir, check="--check" in flags)
 
 
 def prepare_run_dir(cfg: HetrlConfig, plan: Plan) -> Path:
@@ -69,16 +72,59 @@ def dry_run(cfg: HetrlConfig, plan: Plan, run_dir: Path, console: Console) -> in
     if cfg.cluster.launcher == "local":
         from hetrl.launch.local import mpiexec_command
 
-        console.print("local launch command:\n  " + " ".join(mpiexec_command(cfg, plan, run_dir)), markup=False, highlight=False)
+        console.file.flush()
+        print("local launch command:\n  " + " ".join(mpiexec_command(cfg, plan, run_dir)))
+        return 0
+    from hetrl.launch.sbatch import write_sbatch
+
+    script = write_sbatch(plan, cfg.cluster, run_dir, job_name=cfg.run.name)
+    console.file.flush()
+    print(script.read_text(), end="")  # verbatim: a console would wrap long lines
+    print(f"# dry run: nothing submitted. To submit by hand:\nsbatch {script}")
     return 0
 
 
-def launch(cfg: HetrlConfig, plan: Plan, run_dir: Path) -> int:
+def launch(cfg: HetrlConfig, plan: Plan, run_dir: Path, check: bool = False) -> int:
     if cfg.cluster.launcher == "local":
         from hetrl.launch.local import run_local
 
-        return run_local(cfg, plan, run_dir)
-    raise NotImplementedError("slurm launcher")
+        return run_local(cfg, plan, run_dir, check=check)
+    from hetrl.launch import slurm
+
+    try:
+        job_id = slurm.submit(plan, cfg.cluster, run_dir, job_name=cfg.run.name)
+    except slurm.SlurmSubmitError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}", markup=False, highlight=False)
+        return 2
+    print(f"submitted job {job_id}; follow it with: python launch.py status {run_dir}")
+    return 0
+
+
+RUN_COMMANDS = ("status", "logs", "cancel")
+
+
+def run_command(command: str, args: list[str], console: Console) -> int:
+    """``status|logs|cancel RUN_DIR`` for a run submitted to Slurm."""
+    from hetrl.launch import slurm
+
+    if len(args) != 1:
+        console.print(f"usage: python launch.py {command} RUN_DIR")
+        return 2
+    run_dir = Path(args[0])
+    if not (run_dir / "plan.json").exists():
+        console.print(f"[red]error:[/red] {run_dir} is not a run directory (no plan.json)", markup=False)
+        return 2
+    try:
+        if command == "status":
+            print(slurm.status(run_dir))
+        elif command == "logs":
+            print(slurm.logs(run_dir))
+        else:
+            print(slurm.cancel(run_dir))
+    except (slurm.SlurmSubmitError, FileNotFoundError, RuntimeError) as err:
+        console.print(f"[red]error:[/red] {err}", markup=False, highlight=False)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def threads_per_role(cfg: HetrlConfig, plan: Plan) -> dict[str, int]:
     return {role: (1 if role in _LIGHT_ROLES else heavy_threads) for role in plan.role_sizes()}
 
 
-def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable) -> list[str]:
+def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False) -> list[str]:
     """MPMD command: one ``-n K ... worker`` segment per run of consecutive ranks of a role."""
     threads = threads_per_role(cfg, plan)
     command = [find_mpiexec(), "-launcher", "fork"]
@@ -53,12 +53,13 @@ def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = s
         command += [] if index == 0 else [":"]
         command += ["-n", str(len(list(ranks))), "-env", "OMP_NUM_THREADS", t, "-env", "HETRL_THREADS", t,
                     "-env", "HETRL_ROLE", role, python, "-m", "hetrl.launch.worker", "--run-dir", str(run_dir)]
+        command += ["--check"] if check else []
     return command
 
 
-def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float = 10.0) -> int:
+def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float = 10.0, check: bool = False) -> int:
     """Run the job in the foreground; return its exit code (128 + signal if we were stopped)."""
-    proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir), start_new_session=True)
+    proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check), start_new_session=True)
     received: list[int] = []
 
     def forward(signum, _frame):

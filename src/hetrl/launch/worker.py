@@ -59,16 +59,27 @@ def _inject_fault(role: str, role_rank: int) -> None:
     raise ValueError(f"HETRL_INJECT_FAULT kind must be crash or hang, got {kind!r}")
 
 
+def _pin_threads() -> None:
+    """torch's intra-op threads as the launcher sized them (oversubscription costs 20-40x here)."""
+    threads = os.environ.get("HETRL_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--check", action="store_true", help="handshake only: check the job's wiring, then exit")
     args = parser.parse_args(argv)
     _die_with_parent()
 
     from hetrl.config.loader import validate_tree
-    from hetrl.control.comm import init_control_plane
+    from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
     from hetrl.launch.plan import Plan
+    from hetrl.loop.roles import run_role
 
     run_dir = args.run_dir
     cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
@@ -84,7 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
     _inject_fault(ctx.role, ctx.assignment.role_rank)
     run_handshake(ctx, run_dir)
-    logging.info("handshake done; exiting cleanly")
+    logging.info("handshake done")
+    if args.check:
+        flush_sends()
+        return 0
+    _pin_threads()
+    run_role(ctx, cfg, run_dir)
+    flush_sends()
+    logging.info("role finished; exiting cleanly")
     return 0
 
 

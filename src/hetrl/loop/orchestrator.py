@@ -1,0 +1,216 @@
+"""The orchestrator: owns the task stream, every sample id, the schedule and the staleness bound.
+
+One rank on the CPU partition. It hands episodes to the rollout ranks, routes finished samples to
+the reward workers, assembles each step's batch from complete groups and sends DP shards to the
+trainer ranks; the trainer pushes its new weights straight to the engines (torch.distributed),
+the orchestrator only tells the engines when to take them.
+
+The three schedules are one mechanism with a different look-ahead: groups may be dispatched while
+``in flight + ready + in training < prompts_per_step x (1 + look-ahead)``, with look-ahead 0 for
+``sync`` (generate, then train, strictly alternating), 1 for ``one_step_off`` and
+``max_staleness`` for ``async``. A group is trained only if its oldest token is at most
+``max_staleness`` versions behind the trainer (0 for sync); older groups are dropped or
+regenerated and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetrl.config.schema import HetrlConfig
+from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.loop.batching import advantages_for
+from hetrl.loop.work import (
+    EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork,
+)
+from hetrl.types import Sample, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Ledger:
+    """Where every sample id is; proves none is lost or trained on twice."""
+
+    dispatched: dict[str, EpisodeItem] = field(default_factory=dict)  # at an engine
+    at_engine: dict[str, int] = field(default_factory=dict)  # sample id -> engine rank
+    rewarding: set[str] = field(default_factory=set)
+    trained: set[str] = field(default_factory=set)
+    dropped_stale: int = 0
+    requeued: int = 0
+
+
+class Orchestrator:
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
+        from hetrl.env.registry import build_task_stream
+
+        self.ctx, self.cfg, self.run_dir, self.tokenizer = ctx, cfg, run_dir, tokenizer
+        self.stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed)
+        self.engines = ctx.plan.ranks_of("rollout")
+        self.reward_ranks = ctx.plan.ranks_of("reward")
+        self.trainer_ranks = ctx.plan.ranks_of("trainer")
+        self.version = 0
+        self.ledger = _Ledger()
+        self.groups: dict[str, list[Sample]] = defaultdict(list)  # rewarded samples per group
+        self.ready: list[list[Sample]] = []  # complete groups waiting for the trainer
+        self.results: dict[str, list[Sample]] = defaultdict(list)  # purpose -> rewarded samples
+        self.purpose_of: dict[str, str] = {}
+        self.engine_load = dict.fromkeys(self.engines, 0)
+        self.reward_load = dict.fromkeys(self.reward_ranks, 0)
+        self.train_done: TrainDone | None = None
+        self._next_group = 0
+        self._train_groups_open = 0  # dispatched training groups not yet complete
+
+    # ------------------------------------------------------------------ dispatch
+
+    def sampling(self, purpose: str) -> SamplingParams:
+        r = self.cfg.rollout
+        stop_ids = [self.tokenizer.eos_token_id]
+        if purpose == "eval":
+            return SamplingParams(n=1, temperature=self.cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=stop_ids)
+        return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=stop_ids)
+
+    def new_groups(self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str) -> list[list[EpisodeItem]]:
+        groups = []
+        for task, seed in tasks_with_seeds:
+            gid = f"{purpose[0]}{self._next_group}"
+            self._next_group += 1
+            groups.append([EpisodeItem(f"{gid}.{i}", gid, task, seed * 1000 + i) for i in range(group_size)])
+        return groups
+
+    def dispatch(self, groups: list[list[EpisodeItem]], purpose: str) -> None:
+        """Send each group to the least-loaded engine (a group stays together: shared prompt cache)."""
+        sampling = self.sampling(purpose)
+        for group in groups:
+            engine = min(self.engines, key=lambda r: self.engine_load[r])
+            for item in group:
+                self.ledger.dispatched[item.sample_id] = item
+                self.ledger.at_engine[item.sample_id] = engine
+                self.purpose_of[item.group_id] = purpose
+            self.engine_load[engine] += len(group)
+            send(self.ctx.world, RolloutWork(group, sampling, purpose), engine, Tag.WORK)
+
+    # ------------------------------------------------------------------ message pump
+
+    def pump(self, timeout_s: float | None = None) -> None:
+        """Handle one incoming result (waiting up to ``timeout_s``, sleeping, not spinning)."""
+        message, source, _ = recv(self.ctx.world, tag=Tag.RESULT, timeout_s=timeout_s)
+        if isinstance(message, RolloutDone):
+            self._on_rollout(message, source)
+        elif isinstance(message, RewardDone):
+            self._on_reward(message, source)
+        elif isinstance(message, TrainDone):
+            self.train_done = message
+        else:
+            raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
+
+    def _on_rollout(self, message: RolloutDone, engine: int) -> None:
+        for sample in message.samples:
+            if self.ledger.dispatched.pop(sample.sample_id, None) is None:
+                raise RuntimeError(f"engine {engine} returned unknown or duplicate sample {sample.sample_id}")
+            del self.ledger.at_engine[sample.sample_id]
+            self.ledger.rewarding.add(sample.sample_id)
+        self.engine_load[engine] -= len(message.samples)
+        if message.samples:
+            worker = min(self.reward_ranks, key=lambda r: self.reward_load[r])
+            self.reward_load[worker] += len(message.samples)
+            send(self.ctx.world, RewardWork(message.samples), worker, Tag.WORK)
+
+    def _on_reward(self, message: RewardDone, worker: int) -> None:
+        self.reward_load[worker] -= len(message.samples)
+        for sample in message.samples:
+            self.ledger.rewarding.discard(sample.sample_id)
+            group = self.groups[sample.group_id]
+            group.append(sample)
+            if len(group) == self._group_size(sample.group_id):
+                del self.groups[sample.group_id]
+                purpose = self.purpose_of.pop(sample.group_id)
+                if purpose == "train":
+                    self._train_groups_open -= 1
+                    self.ready.append(sorted(group, key=lambda s: s.sample_id))
+                else:
+                    self.results[purpose].extend(group)
+
+    def _group_size(self, group_id: str) -> int:
+        return self.cfg.algorithm.group_size if self.purpose_of[group_id] == "train" else self.cfg.eval.k
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, tasks_with_seeds: list[tuple[Any, int]]) -> tuple[float, dict[str, float]]:
+        """Held-out evaluation (greedy by default): mean reward, and pass@k / mean@k per task."""
+        from hetrl.monitor.eval import eval_metrics
+
+        self.dispatch(self.new_groups(tasks_with_seeds, self.cfg.eval.k, "eval"), "eval")
+        while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
+            self.pump(timeout_s=600)
+        samples, self.results["eval"] = self.results["eval"], []
+        mean_reward = sum(s.reward for s in samples) / len(samples)
+        return mean_reward, eval_metrics(samples, ks=sorted({1, self.cfg.eval.k}))
+
+    # ------------------------------------------------------------------ training steps
+
+    def train(self, step: int, groups: list[list[Sample]], supervised: bool = False) -> TrainDone:
+        """Send one step's batch to the trainer ranks and wait for the new version."""
+        samples = [s for g in groups for s in g]
+        advantages = [[1.0] * len(s.completion_ids) for s in samples] if supervised else advantages_for(self.cfg.algorithm, samples)
+        for s in samples:
+            if s.sample_id in self.ledger.trained:
+                raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
+            self.ledger.trained.add(s.sample_id)
+        # Every trainer rank gets the whole step; PolicyTrainer takes its token-balanced DP shard.
+        work = TrainWork(step, samples, advantages, supervised)
+        for rank in self.trainer_ranks:
+            send(self.ctx.world, work, rank, Tag.WORK)
+        self.train_done = None
+        while self.train_done is None:
+            self.pump(timeout_s=3600)
+        done, self.train_done = self.train_done, None
+        self.version = done.version
+        for engine in self.engines:
+            send(self.ctx.world, SyncWeights(done.version), engine, Tag.WORK)
+        return done
+
+    # ------------------------------------------------------------------ the schedule
+
+    def outstanding_groups(self) -> int:
+        """Training groups dispatched and not yet trained on (at engines, at reward workers, ready)."""
+        return self._train_groups_open + len(self.ready)
+
+    def top_up(self, target_groups: int) -> None:
+        missing = target_groups - self.outstanding_groups()
+        if missing > 0:
+            tasks = [self.stream.next() for _ in range(missing)]
+            self.dispatch(self.new_groups(tasks, self.cfg.algorithm.group_size, "train"), "train")
+            self._train_groups_open += missing
+
+    def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """Wait for ``prompts_per_step`` fresh groups; drop stale ones and (DAPO) all-equal ones, refilling."""
+        want = self.cfg.run.prompts_per_step
+        batch: list[list[Sample]] = []
+        dropped_stale = dropped_equal = 0
+        draws_left = 20 * want  # dynamic sampling gives up refilling after this many extra groups
+        while len(batch) < want:
+            while not self.ready:
+                self.pump(timeout_s=3600)
+            group = self.ready.pop(0)
+            lag = self.version - min(s.min_version for s in group)
+            if lag > max_lag:
+                dropped_stale += 1
+            elif self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0:
+                dropped_equal += 1
+                draws_left -= 1
+            else:
+                batch.append(group)
+                continue
+            self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
+            self.top_up(target_groups + len(batch))
+        return batch, {"staleness/dropped": float(dropped_stale), "dynamic_sampling/dropped_groups": float(dropped_equal)}
+
+    def shutdown(self) -> None:
+        for rank in self.engines + self.reward_ranks + self.trainer_ranks:
+            send(self.ctx.world, Shutdown(), rank, Tag.WORK)

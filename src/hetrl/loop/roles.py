@@ -1,0 +1,95 @@
+"""Start-up shared by every role, then each rank's role main.
+
+Start-up, after the handshake: trainer rank 0 makes sure an HF checkpoint of the initial policy
+exists (``model.hf_checkpoint``, or a random-init one of the recipe's shape written into the run
+directory: the same loading path either way), picks the weight-sync rendezvous, and broadcasts
+both over the MPI world. Trainer rank 0 and every engine then join the weight-sync group
+(trainer = group rank 0, engine i = group rank i + 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetrl.config.schema import HetrlConfig
+from hetrl.control.comm import RoleContext
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobSetup:
+    model_dir: str
+    sync_host: str
+    sync_port: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _initial_checkpoint(cfg: HetrlConfig, run_dir: Path) -> Path:
+    if cfg.model.hf_checkpoint:
+        return Path(cfg.model.hf_checkpoint)
+    from hetrl.models.hf import build_random_hf_checkpoint
+
+    target = run_dir / "initial_model"
+    if not (target / "config.json").exists():
+        build_random_hf_checkpoint(cfg.model, target, seed=cfg.run.seed)
+    return target
+
+
+def job_setup(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path) -> JobSetup:
+    """Collective over the whole world: every rank gets trainer rank 0's setup."""
+    root = ctx.plan.ranks_of("trainer")[0]
+    setup = None
+    if ctx.rank == root:
+        setup = JobSetup(str(_initial_checkpoint(cfg, run_dir)), socket.gethostname(), free_port())
+    return ctx.world.bcast(setup, root=root)
+
+
+def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setup: JobSetup, sender: bool):
+    """The sender (trainer rank 0) or a receiver (an engine) of the weight-sync group."""
+    import torch
+
+    from hetrl.transport.weights.collective import init_weight_sync_group
+    from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport
+
+    on_gpu = torch.cuda.is_available()
+    kind = resolve_transport(cfg.rollout.weight_sync, cfg.rollout.placement, on_gpu)
+    verify = cfg.rollout.verify_weight_sync
+    if kind == "filesystem":
+        root = run_dir / "weights"
+        return build_weight_sender(kind, root=root, verify=verify) if sender else build_weight_receiver(kind, root=root, verify=verify)
+    engines = ctx.plan.ranks_of("rollout")
+    group_rank = 0 if sender else engines.index(ctx.rank) + 1
+    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend="nccl" if on_gpu else "gloo")
+    return build_weight_sender(kind, group=group, verify=verify) if sender else build_weight_receiver(kind, group=group, verify=verify)
+
+
+def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path) -> None:
+    setup = job_setup(ctx, cfg, run_dir)
+    if ctx.role == "orchestrator":
+        from hetrl.loop.driver import run_orchestrator
+
+        run_orchestrator(ctx, cfg, run_dir, Path(setup.model_dir))
+    elif ctx.role == "reward":
+        from hetrl.loop.reward_role import run_reward
+
+        run_reward(ctx, cfg)
+    elif ctx.role == "rollout":
+        from hetrl.loop.rollout_role import run_rollout
+
+        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False))
+    elif ctx.role == "trainer":
+        from hetrl.loop.trainer_role import run_trainer
+
+        is_sender = ctx.rank == ctx.plan.ranks_of("trainer")[0]
+        run_trainer(ctx, cfg, run_dir, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=True) if is_sender else None)
+    else:
+        raise ValueError(f"unknown role {ctx.role!r}")

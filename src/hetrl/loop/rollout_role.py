@@ -1,0 +1,115 @@
+"""The rollout role: one vLLM engine per rank, running many environment episodes at once.
+
+Ownership: the orchestrator hands out :class:`RolloutWork`; this rank runs each item as an
+asyncio episode (``hetrl.env.runner.run_episode``) whose ``generate`` calls go to the local engine,
+and streams finished samples back as soon as a poll round completes them. Weight pushes arrive
+on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are applied between
+two decoding steps (in-flight samples are paused and resumed under the new version).
+
+An engine failure while generating does not lose work: the items it held are reported as
+``failed`` (the orchestrator re-queues them) and the engine is rebuilt from its last weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+from hetrl.config.schema import HetrlConfig
+from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.loop.work import EpisodeItem, RolloutDone, RolloutWork, Shutdown, SyncWeights
+from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
+
+logger = logging.getLogger(__name__)
+_IDLE_SLEEP_S = 0.005
+
+
+class RolloutWorker:
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any) -> None:
+        from hetrl.env.chat import ChatCodec
+        from hetrl.env.registry import env_factory
+        from hetrl.rollout.engine import GenerationEngine
+        from transformers import AutoTokenizer
+
+        self.ctx, self.cfg, self.receiver = ctx, cfg, receiver
+        self.engine = GenerationEngine(model_dir, cfg.rollout, seed=cfg.run.seed + ctx.assignment.role_rank)
+        self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir))
+        self.make_env = env_factory(cfg.env)
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._request_ids = itertools.count()
+        self._finished: list[Sample] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._errors: list[BaseException] = []
+        self.stop = False
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, **_: Any) -> GenerationResult:
+        request_id = f"r{self.ctx.rank}-{next(self._request_ids)}"
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        self.engine.submit(GenerationRequest(request_id, prompt_ids, sampling))
+        return await future
+
+    async def _episode(self, item: EpisodeItem, sampling: SamplingParams) -> None:
+        from hetrl.env.runner import run_episode
+
+        env = self.make_env()
+        try:
+            episode_sampling = SamplingParams(**{**sampling.__dict__, "seed": item.seed})
+            sample = await run_episode(
+                env, item.task, item.seed, self.generate, self.codec, episode_sampling,
+                self.cfg.env.max_turns, self.cfg.env.max_episode_tokens, item.sample_id, item.group_id,
+            )
+            self._finished.append(sample)
+        finally:
+            await env.close()
+
+    def _episode_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._errors.append(task.exception())
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, RolloutWork):
+            for item in message.items:
+                task = asyncio.get_running_loop().create_task(self._episode(item, message.sampling))
+                self._tasks.add(task)
+                task.add_done_callback(self._episode_done)
+        elif isinstance(message, SyncWeights):
+            staged = self.receiver.receive()
+            if staged.version != message.version:
+                raise RuntimeError(f"expected weights v{message.version}, received v{staged.version}")
+            self.engine.load_weights(staged)
+            logger.info("now serving weights v%d", staged.version)
+        elif isinstance(message, Shutdown):
+            self.stop = True
+        else:
+            raise TypeError(f"rollout rank got an unexpected message {type(message).__name__}")
+
+    def _step_engine(self) -> bool:
+        """One decoding step; resolve the episodes' pending generate calls. False when idle."""
+        if not self.engine.has_work():
+            return False
+        for result in self.engine.poll():
+            self._waiting.pop(result.request_id).set_result(result)
+        return True
+
+    async def run(self) -> None:
+        orchestrator = self.ctx.orchestrator_rank
+        while not self.stop:
+            while (got := poll(self.ctx.world, orchestrator, Tag.WORK)) is not None:
+                self._handle(got[0])
+            busy = self._step_engine()
+            await asyncio.sleep(0 if busy or self._tasks else _IDLE_SLEEP_S)
+            if self._errors:
+                raise self._errors[0]
+            if self._finished:
+                done, self._finished = self._finished, []
+                send(self.ctx.world, RolloutDone(done), orchestrator, Tag.RESULT)
+        self.engine.shutdown()
+
+
+def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any) -> None:
+    asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver).run())
