@@ -10,6 +10,7 @@ engine tokens/s over HF tokens/s.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 import time
@@ -20,6 +21,7 @@ import torch
 from hetrl.config.model import ModelConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.models.hf import build_random_hf_checkpoint
+from hetrl.rollout.engine import checkpoint_weights
 from hetrl.types import GenerationRequest, SamplingParams
 
 MODEL = ModelConfig(
@@ -74,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = build_random_hf_checkpoint(MODEL, Path(tmp) / "model", seed=0)
-        num_params = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(next(path.glob("*.safetensors"))).values())
+        num_params = sum(math.prod(shape) for shape, _ in checkpoint_weights(path).values())
         prompts = make_prompts(args.prompts, args.prompt_len)
         print(f"model: {num_params / 1e6:.1f}M params fp32; workload: {args.prompts} prompts x n={args.n} x {args.new_tokens} new tokens")
         hf = hf_tokens_per_s(path, prompts, args.n, args.new_tokens)

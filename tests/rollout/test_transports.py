@@ -117,3 +117,27 @@ def test_resolve_transport():
         build_weight_sender("filesystem")
     with pytest.raises(ValueError, match="valid"):
         build_weight_sender("carrier-pigeon", root="/tmp")
+
+
+def test_a_sender_that_vanishes_midway_times_out_into_a_sync_error():
+    import threading
+    from dataclasses import asdict
+
+    from hetrl.transport.weights import init_weight_sync_group
+    from hetrl.transport.weights.base import pack_bucket
+    from hetrl.transport.weights.collective import BUCKET, send_message
+    from tests.rollout.helpers import free_port
+
+    port = free_port()
+
+    def one_bucket_then_gone():
+        group = init_weight_sync_group("127.0.0.1", port, rank=0, world_size=2, timeout_s=2)
+        metas, payload = pack_bucket(list(_state(8).items()), with_checksum=False)
+        send_message(group, BUCKET, {"version": 5, "tensors": [asdict(m) for m in metas]}, payload)
+
+    thread = threading.Thread(target=one_bucket_then_gone)
+    thread.start()
+    group = init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=2)
+    with pytest.raises(WeightSyncError, match="broke off after 7 tensors"):
+        build_weight_receiver("collective", group=group).receive()
+    thread.join()
