@@ -29,9 +29,13 @@ def _free_port() -> int:
 def _worker(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    import warnings
+
     import torch
     import torch.distributed as dist
 
+    # megatron warns at import about every optional accelerator package; it drowns test output.
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|cuda_graph_scope|distributed_optimizer is ignored).*")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     while True:

@@ -27,6 +27,9 @@ class TrainerConfig(Section):
     min_lr: float = Field(0.0, ge=0.0, description="Learning rate at the end of the decay.")
     lr_warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup.")
     lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warmup.")
+    lr_decay_steps: int | None = Field(
+        None, ge=1, description="Optimizer step at which the decay reaches min_lr; null = the run's total optimizer steps."
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
@@ -34,6 +37,9 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, ge=0.0, description="Global grad-norm clip (0 disables).")
     distributed_optimizer: bool = Field(True, description="Shard optimizer state across DP ranks (Megatron distributed optimizer).")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps (PPO epochs x minibatches) taken on each rollout batch.")
+    pack_length: int | None = Field(
+        None, ge=16, description="Pack several samples into rows of at most this many tokens (local layer spec); null = one sample per row, right-padded."
+    )
     recompute_activations: bool = Field(False, description="Activation recomputation to save memory.")
 
     @model_validator(mode="after")

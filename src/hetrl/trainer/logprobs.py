@@ -92,7 +92,14 @@ def run_schedule(
 ) -> list[dict[str, Any]]:
     """Megatron's forward(-backward) schedule over the batch; the per-micro-batch dicts (last stage)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.utils import get_model_config
 
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    # megatron keeps the MoE aux-loss gradient scale in a class global whose shape is whatever its
+    # first setter used (a bare MoE backward makes it [], the schedule copies a [1] into it).
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
     if groups.pp_size > 1:
         batch = batch.uniform()  # p2p transfers between stages assume one activation shape
     rows, length = batch.shape
@@ -103,6 +110,9 @@ def run_schedule(
         return model_forward(chunk, mb, groups.device), lambda output: loss_func(mb, output)
 
     schedule = get_forward_backward_func(pp_size=groups.pp_size)
+    extra = {}
+    if groups.pp_size > 1:  # megatron wants the pipeline communicator whenever the groups are explicit
+        extra["p2p_communicator"] = P2PCommunicator(pp_group=groups.pp, config=get_model_config(model))
     return schedule(
         forward_step_func=forward_step,
         data_iterator=micro,
@@ -112,6 +122,7 @@ def run_schedule(
         micro_batch_size=rows,
         forward_only=forward_only,
         pg_collection=groups.pg_collection,
+        **extra,
     )
 
 

@@ -11,10 +11,13 @@ Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
 
 * a process-wide :class:`torch.overrides.TorchFunctionMode` that rewrites every CUDA device
   argument (``"cuda"``, ``torch.device("cuda", i)``, a bare index) to ``cpu``, turns
-  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops and reports float32 CPU tensors as
-  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above);
+  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 CPU tensors as
+  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above). Autograd runs
+  backward functions outside any function mode, so what backward passes need is patched at the
+  source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's split sizes
+  become host arrays (it converts only CUDA tensors);
 * ``torch.cuda`` functions that would raise "Torch not compiled with CUDA enabled" become CPU
-  stand-ins: ``current_device() -> 0`` (which the mode maps to cpu), stream/event objects whose
+  stand-ins: ``current_device() -> torch.device("cpu")``, stream/event objects whose
   waits are no-ops (CPU work is synchronous), ``synchronize``/``empty_cache`` no-ops;
 * the tensor-parallel RNG tracker keeps CPU generator states instead of CUDA ones, so
   ``model_parallel_cuda_manual_seed`` and ``get_cuda_rng_tracker().fork()`` work.
@@ -117,7 +120,9 @@ _HOST_STREAM = _HostStream()
 
 def _patch_torch_cuda() -> None:
     cuda = torch.cuda
-    cuda.current_device = lambda: 0
+    # A device, not an index: autograd runs backward functions outside the mode (torch does not
+    # carry function modes into the engine), and megatron's backward passes allocate on it.
+    cuda.current_device = lambda: _CPU
     cuda.current_stream = lambda device=None: _HOST_STREAM
     cuda.default_stream = lambda device=None: _HOST_STREAM
     cuda.Stream = _HostStream
@@ -127,6 +132,23 @@ def _patch_torch_cuda() -> None:
     cuda.synchronize = lambda device=None: None
     cuda.empty_cache = lambda: None
     cuda.set_device = lambda device: None
+
+
+def _patch_moe_split_sizes() -> None:
+    """The all-to-all dispatcher makes its split sizes host (numpy) arrays only when they live on
+    CUDA; gloo's ``all_to_all_single`` rejects tensors, in forward and in backward (where the
+    mode does not reach), so CPU tensors become numpy arrays too."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def to_host(tensor, as_numpy=False, record_stream=False):  # noqa: ANN001, ANN202 - megatron's signature
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
 
 
 def _patch_rng_tracker() -> None:
@@ -186,6 +208,7 @@ def ensure_applied() -> bool:
         if not _APPLIED:
             _patch_torch_cuda()
             _patch_rng_tracker()
+            _patch_moe_split_sizes()
             _CpuAsCudaMode().__enter__()  # entered for the life of the process, never exited
             _APPLIED = True
     return True

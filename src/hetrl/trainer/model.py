@@ -14,11 +14,19 @@ qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over 
 The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
 is installed (``trainer.transformer_impl``). The model is built for this rank's pipeline stage
 (``pre_process``/``post_process``) and shards (TP/EP), on this rank's device, in the trainer's
-precision; weights are initialised on the CPU from the full tensors so that any TP/EP layout of
-the same seed starts from identical weights.
+precision.
+
+Random initialisation is layout-independent: each parameter's *full* tensor is drawn from a
+generator seeded by ``(seed, its global name)`` (global layer and expert numbers), and each rank
+keeps its TP/EP shard of it, the way megatron's CPU initialiser splits (strides included). So any
+TP/PP/EP layout built with the same seed holds the same model: layouts can be compared exactly,
+and a checkpoint resharded to another layout matches a fresh build of that layout.
 """
 
 from __future__ import annotations
+
+import re
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +106,8 @@ def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig):  # -
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
+        # megatron's own init runs too: it is what tags parameters with their TP split (clip-grad and
+        # checkpoint code read those tags); init_layout_independent then redraws every value.
         use_cpu_initialization=True,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -163,5 +173,56 @@ def build_gpt_model(
         rotary_base=int(model_cfg.rope_theta),
         pg_collection=pg_collection,
     )
+    init_layout_independent(model, model_cfg, trainer_cfg, seed)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return model.to(device)
+
+
+def global_param_name(local_name: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pp_rank: int, ep_rank: int) -> str:
+    """A stage/shard-local megatron parameter name with global layer and expert numbers.
+
+    A tied output layer on the last pipeline stage is the input embedding's twin: same name.
+    """
+    layers_per_stage = model_cfg.num_layers // trainer_cfg.pipeline_parallel
+    name = re.sub(r"^decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + pp_rank * layers_per_stage}.", local_name)
+    if model_cfg.is_moe:
+        experts_per_rank = model_cfg.num_experts // trainer_cfg.expert_parallel
+        name = re.sub(r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + ep_rank * experts_per_rank}.", name)
+    if model_cfg.tie_word_embeddings and name == "output_layer.weight":
+        name = "embedding.word_embeddings.weight"
+    return name
+
+
+def _init_std(name: str, model_cfg: ModelConfig) -> float | None:
+    """megatron's init of a parameter: N(0, std), std / sqrt(2 L) for residual-branch outputs; None = ones/zeros."""
+    if name.endswith(".bias") or "layernorm" in name:
+        return None
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return _INIT_STD / (2.0 * model_cfg.num_layers) ** 0.5
+    return _INIT_STD
+
+
+@torch.no_grad()
+def init_layout_independent(model: torch.nn.Module, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, seed: int) -> None:
+    """Draw every parameter as this rank's shard of a full tensor seeded by its global name."""
+    from megatron.core import parallel_state as ps
+
+    pp_rank, ep_rank = ps.get_pipeline_model_parallel_rank(), ps.get_expert_model_parallel_rank()
+    for local_name, param in model.named_parameters():
+        name = global_param_name(local_name, model_cfg, trainer_cfg, pp_rank, ep_rank)
+        std = _init_std(name, model_cfg)
+        if std is None:
+            param.fill_(0.0 if name.endswith(".bias") else 1.0)
+            continue
+        sharded = getattr(param, "tensor_model_parallel", False)
+        is_expert = ".experts." in name
+        rank = (ps.get_expert_tensor_parallel_rank() if is_expert else ps.get_tensor_model_parallel_rank()) if sharded else 0
+        world = (ps.get_expert_tensor_parallel_world_size() if is_expert else ps.get_tensor_model_parallel_world_size()) if sharded else 1
+        dim, stride = getattr(param, "partition_dim", 0), getattr(param, "partition_stride", 1)
+        full_shape = list(param.shape)
+        full_shape[dim] *= world
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+        full = torch.randn(full_shape, generator=generator, dtype=torch.float32) * std
+        # megatron's split: chunks of (per-rank size / stride) dealt round-robin to the ranks
+        chunks = torch.split(full, param.shape[dim] // stride, dim=dim)
+        param.copy_(torch.cat(chunks[rank::world], dim=dim))

@@ -1,0 +1,205 @@
+"""``PolicyTrainer``: the trainer role's model, reference model, optimizer and one training step.
+
+Ownership across processes: every trainer rank builds one ``PolicyTrainer`` and receives the same
+list of samples for a step (the loop broadcasts it); each rank trains on its data-parallel shard
+(:meth:`PolicyTrainer.make_batch`), and results that the loop reads (log-probs, metrics) are
+returned whole on every rank. Tensors the loop passes in or gets back are in *sample space*
+``[N, Tc]`` over the step's full batch (see ``hetrl.trainer.batch``), the layout of
+``hetrl.trainer.algorithms.compute_advantages``.
+
+Loss scaling, so that micro-batches and ranks add up to one big batch: ``compute_loss`` is given
+the step's global token/sequence counts, making each micro-batch loss its share of the step loss.
+Megatron's schedule divides every returned loss by the number of micro-batches ``M`` and its DDP
+averages gradients over the ``D`` data-parallel ranks, so the loss handed to megatron is that share
+times ``M * D``; gradients are then exactly those of the summed loss.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hetrl.config.algorithm import AlgorithmConfig
+from hetrl.config.model import ModelConfig
+from hetrl.config.trainer import TrainerConfig
+from hetrl.monitor import names
+from hetrl.trainer import losses
+from hetrl.trainer.algorithms import LossInputs, compute_loss
+from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch, shard_for_data_parallel
+from hetrl.trainer.logprobs import forward_logprobs, run_schedule, to_sample_space, token_logprobs
+from hetrl.trainer.model import build_gpt_model
+from hetrl.trainer.optim import build_optimizer, wrap_ddp
+from hetrl.trainer.parallel import ParallelGroups, init_parallel
+from hetrl.types import Sample
+
+TOKENS_PER_S = "perf/trainer_tokens_per_s"  # trained tokens (prompt + completion, all DP ranks) per second
+STEP_TIME_S = "perf/train_step_s"
+
+
+class PolicyTrainer:
+    """The policy (megatron ``GPTModel`` in DDP), its optimizer/LR schedule, and a frozen reference.
+
+    ``total_steps`` sizes the LR decay (when ``trainer.lr_decay_steps`` is unset); ``temperature``
+    is the engines' sampling temperature (log-probs are of ``softmax(z / T)``); ``max_len`` is the
+    generation budget the Dr.GRPO aggregation divides by; ``with_reference`` builds the frozen
+    reference model (default: when ``algorithm.kl_coef > 0``).
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        trainer_cfg: TrainerConfig,
+        algo_cfg: AlgorithmConfig,
+        *,
+        groups: ParallelGroups | None = None,
+        seed: int = 1234,
+        total_steps: int | None = None,
+        temperature: float = 1.0,
+        max_len: int | None = None,
+        with_reference: bool | None = None,
+    ) -> None:
+        if trainer_cfg.context_parallel > 1:
+            raise ValueError("trainer.context_parallel > 1 is not supported by PolicyTrainer yet (sequence sharding of RL batches); set it to 1")
+        self.model_cfg, self.trainer_cfg, self.algo_cfg = model_cfg, trainer_cfg, algo_cfg
+        self.groups = groups or init_parallel(trainer_cfg)
+        self.temperature, self.max_len = temperature, max_len
+        module = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
+        self.model = wrap_ddp(module, trainer_cfg, self.groups.pg_collection)
+        self.optimizer, self.scheduler = build_optimizer(self.model, trainer_cfg, total_steps=total_steps, pg_collection=self.groups.pg_collection)
+        self.reference: torch.nn.Module | None = None
+        if with_reference if with_reference is not None else algo_cfg.kl_coef > 0:
+            self.reference = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
+            self.reference.requires_grad_(False).eval()
+            self.sync_reference()
+        self.step = 0
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The unwrapped ``GPTModel`` of this rank (what checkpoints and weight export read)."""
+        return self.model.module
+
+    def sync_reference(self) -> None:
+        """Make the reference model a copy of the current policy (e.g. after loading HF weights)."""
+        if self.reference is None:
+            raise RuntimeError("this PolicyTrainer has no reference model (with_reference=False)")
+        self.reference.load_state_dict(self.module.state_dict())
+
+    def make_batch(self, samples: Sequence[Sample], advantages: Tensor | Sequence[float] | None = None) -> TrainBatch:
+        """This rank's micro-batches of the step's full sample list (identical on every rank).
+
+        ``advantages`` are ``[N]`` or ``[N, Tc]`` over the full list. Every rank gets the same
+        number of micro-batches (filler ones where a shard is short): expert all-to-alls and the
+        gradient reduction need every rank in step.
+        """
+        g = self.groups
+        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size)
+        adv = None if advantages is None else torch.as_tensor(advantages, dtype=torch.float32)[indices]
+        batch = build_train_batch([samples[i] for i in indices], adv, micro_batch_size=self.trainer_cfg.micro_batch_size,
+                                  pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples))
+        count = torch.tensor([len(batch.micro_batches)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return batch.padded_to(int(count))
+
+    def _to_global(self, local: Tensor, batch: TrainBatch) -> Tensor:
+        """A sample-space tensor of this rank's shard -> the full batch's, on every rank."""
+        out = torch.zeros(batch.num_global_samples, local.shape[1])
+        out[batch.global_indices] = local
+        if self.groups.dp_size > 1:
+            width = torch.tensor([out.shape[1]])
+            dist.all_reduce(width, op=dist.ReduceOp.MAX, group=self.groups.dp)
+            out = torch.nn.functional.pad(out, (0, int(width) - out.shape[1]))
+            dist.all_reduce(out, group=self.groups.dp)
+        return out
+
+    def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Sample-space log-probs ``[N, Tc]`` of the full batch under the policy (or the reference).
+
+        With ``with_entropy`` returns ``(logprobs, entropy)``.
+        """
+        model = self.reference if reference else self.model
+        if model is None:
+            raise RuntimeError("compute_logprobs(reference=True) needs a reference model (with_reference=True or algorithm.kl_coef > 0)")
+        logprobs, entropy = forward_logprobs(model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy)
+        if with_entropy:
+            return self._to_global(logprobs, batch), self._to_global(entropy, batch)
+        return self._to_global(logprobs, batch)
+
+    def _global_counts(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
+        counts = torch.tensor([losses.count_tokens_and_seqs(mb.loss_mask) for mb in batch.micro_batches]).sum(0)
+        if self.groups.dp_size > 1:
+            dist.all_reduce(counts, group=self.groups.dp)
+        return counts[0], counts[1]
+
+    def train_step(self, batch: TrainBatch, *, old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None) -> dict[str, float]:
+        """One optimizer step on the batch (all its micro-batches accumulated); the step's metrics.
+
+        ``old_logprobs`` (full batch, sample space) default to the policy's own, recomputed now
+        (on-policy first update); ``ref_logprobs`` default to the reference model's when there is
+        one. Metrics: the loss parts and clip fractions of ``compute_loss`` summed over the whole
+        step, ``grad_norm`` (before clipping), ``lr``, tokens/s and step time.
+        """
+        start = time.perf_counter()
+        if old_logprobs is None:
+            old_logprobs = self.compute_logprobs(batch)
+        if ref_logprobs is None and self.reference is not None:
+            ref_logprobs = self.compute_logprobs(batch, reference=True)
+        num_tokens, num_seqs = self._global_counts(batch)
+        local_old = old_logprobs[batch.global_indices]
+        local_ref = None if ref_logprobs is None else ref_logprobs[batch.global_indices]
+        scale = len(batch.micro_batches) * self.groups.dp_size
+        need_entropy = self.algo_cfg.entropy_coef > 0
+
+        def loss_func(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            lp, ent = token_logprobs(logits, mb.labels.to(logits.device), tp_group=self.groups.tp,
+                                     temperature=self.temperature, with_entropy=need_entropy)
+            mask = mb.loss_mask.to(lp.device)
+            inputs = LossInputs(
+                logprobs=to_sample_space(lp, mb) * mask,
+                old_logprobs=batch.gather(local_old, mb),
+                advantages=mb.advantages.to(lp.device),
+                mask=mask,
+                rollout_logprobs=mb.rollout_logprobs.to(lp.device),
+                ref_logprobs=None if local_ref is None else batch.gather(local_ref, mb),
+                entropy=None if ent is None else to_sample_space(ent, mb) * mask,
+            )
+            loss, metrics = compute_loss(self.algo_cfg, inputs, num_global_tokens=num_tokens, num_global_seqs=num_seqs,
+                                         max_len=self.max_len)
+            return loss * scale, {k: v.detach().float() for k, v in metrics.items()}
+
+        self.optimizer.zero_grad()
+        self.model.zero_grad_buffer()
+        stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False)
+        self.scheduler.step(increment=1)  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
+        _, grad_norm, _ = self.optimizer.step()
+        self.step += 1
+        metrics = self._reduce_metrics(stored)
+        elapsed = time.perf_counter() - start
+        total_tokens = torch.tensor([float(batch.num_tokens)])
+        if self.groups.dp_size > 1:
+            dist.all_reduce(total_tokens, group=self.groups.dp)
+        metrics.update({
+            names.GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,
+            names.LEARNING_RATE: float(self.optimizer.param_groups[0]["lr"]),
+            TOKENS_PER_S: float(total_tokens) / elapsed,
+            STEP_TIME_S: elapsed,
+        })
+        return metrics
+
+    def _reduce_metrics(self, stored: list[dict[str, Tensor]]) -> dict[str, float]:
+        """Sum the per-micro-batch metric shares over micro-batches and DP ranks; same dict on every rank."""
+        g = self.groups
+        result: list[Any] = [None]
+        if g.is_last_stage:
+            keys = sorted(stored[0])
+            totals = torch.stack([sum(d[k].cpu() for d in stored) for k in keys])
+            if g.dp_size > 1:
+                dist.all_reduce(totals, group=g.dp)
+            result = [dict(zip(keys, totals.tolist()))]
+        if g.pp_size > 1:
+            dist.broadcast_object_list(result, src=dist.get_global_rank(g.pp, g.pp_size - 1), group=g.pp)
+        return result[0]
