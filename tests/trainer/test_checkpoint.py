@@ -1,4 +1,4 @@
-"""Checkpoints: exact resume, crash safety of ``latest``, keep-last-K, and TP=2 -> TP=1 resharding.
+"""Checkpoints: exact resume, crash safety of ``latest``, keep-last-K, TP=2 -> TP=1 / PP=2 resharding.
 
 The multi-rank part runs as one job on the session's two gloo ranks, because every
 ``dist_checkpointing`` save costs ~7-10 s here: a PolicyTrainer (TP=2) trains 3 steps, saves, trains
@@ -136,11 +136,11 @@ def _resume_job(rank: int, world_size: int, root: Path) -> dict:
     return out
 
 
-def _reshard_job(rank: int, world_size: int, root: Path) -> dict:
-    """Load the TP=2 step-3 checkpoint into a TP=1 (DP=2) trainer: weights, Adam moments, LRs."""
+def _reshard_job(rank: int, world_size: int, root: Path, layout: dict) -> dict:
+    """Load the TP=2 step-3 checkpoint into another layout: weights, Adam moments, LRs."""
     from hetrl.trainer.parallel import destroy_parallel
 
-    trainer = _trainer(TrainerConfig(**TRAINER), seed=5)
+    trainer = _trainer(TrainerConfig(**layout, **TRAINER), seed=5)
     try:
         with pytest.warns(UserWarning, match="RNG states not restored"):
             state = checkpoint.load_checkpoint(root / "step_00000003", trainer.model, trainer.optimizer, trainer.scheduler)
@@ -197,16 +197,17 @@ def test_crash_mid_save_leaves_latest_at_the_previous_checkpoint(resumed) -> Non
     assert checkpoint.latest_checkpoint(root) == root / "step_00000003"
 
 
-def test_tp2_checkpoint_loads_into_tp1(two_ranks, resumed) -> None:
+@pytest.mark.parametrize("layout", [{}, {"pipeline_parallel": 2}], ids=["tp1_dp2", "pp2"])
+def test_tp2_checkpoint_loads_into_another_layout(two_ranks, resumed, layout: dict) -> None:
     """Weights and Adam moments come back bit-exact in the other layout, and the LR schedule goes on."""
     root, ranks = resumed
-    loaded = two_ranks.run(_reshard_job, root)
+    loaded = two_ranks.run(_reshard_job, root, layout)
     assert all(r["step"] == 3 and not r["rng_restored"] for r in loaded)
     assert loaded[0]["lrs"] == ranks[0]["lrs"]
     for kind in ("params", "exp_avg", "exp_avg_sq"):
         saved = [r["params_at_3"] if kind == "params" else r["moments_at_3"][kind] for r in ranks]
         expected = two_ranks.run(_as_hf, {"tensor_parallel": 2}, saved)[0]
-        got = two_ranks.run(_as_hf, {}, [r[kind] for r in loaded])[0]
+        got = two_ranks.run(_as_hf, layout, [r[kind] for r in loaded])[0]
         assert got.keys() == expected.keys()
         for name, tensor in expected.items():
             assert torch.equal(got[name], tensor), f"{kind} {name}"

@@ -42,10 +42,14 @@ def trainer_cfg(name: str) -> TrainerConfig:
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF directory; a name stored twice (in two files) is an error."""
     tensors = {}
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(str(path), "pt") as handle:
-            tensors.update({k: handle.get_tensor(k) for k in handle.keys()})
+            for key in handle.keys():
+                if key in tensors:
+                    raise AssertionError(f"{key} is stored twice in {directory}")
+                tensors[key] = handle.get_tensor(key)
     return tensors
 
 

@@ -190,8 +190,9 @@ def save_checkpoint(
 ) -> Path:
     """Save a checkpoint of ``step`` atomically under ``root``; returns its directory.
 
-    ``extra`` is loop state (data cursor, counters...) that must be identical on every rank and
-    picklable; it comes back as :attr:`ResumeState.extra`. A step that already has a complete
+    ``extra`` is picklable loop state (data cursor, counters...) meant to be identical on every
+    rank: rank 0's copy is saved (megatron only warns when ranks differ); it comes back as
+    :attr:`ResumeState.extra`. A step that already has a complete
     checkpoint is not saved again (its directory is returned), so a save right after a resume is
     a no-op rather than a window in which ``latest`` could name a half-replaced directory.
     """

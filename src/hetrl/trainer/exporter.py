@@ -63,7 +63,7 @@ def _local_plan(
     led, members = [], {}
     for index, pm in enumerate(param_maps(model, pg)):
         replica, group = (pg.expt_dp, pg.expt_tp) if pm.expert else (pg.dp_cp, pg.tp)
-        if replica.rank() != 0:
+        if replica.rank() != 0 or not pm.exported:
             continue  # another data-parallel replica exports this parameter
         if SHARD_DIM[pm.kind] is None:
             if group.rank() != 0:

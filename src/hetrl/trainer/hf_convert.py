@@ -52,7 +52,8 @@ class ParamMap:
     """One megatron parameter of this rank and the HF tensors it is made of.
 
     ``order`` sorts parameters of all ranks into HF order (embedding, layers, final norm, head),
-    so that exports are deterministic whatever the layout.
+    so that exports are deterministic whatever the layout. ``exported`` is False for the last
+    pipeline stage's copy of a tied embedding: it is imported, but the embedding is exported once.
     """
 
     megatron_name: str
@@ -60,6 +61,7 @@ class ParamMap:
     kind: Kind
     expert: bool
     order: tuple[int, int, int]
+    exported: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,14 +141,10 @@ def _layer_map(model: torch.nn.Module, name: str, ep_rank: int) -> ParamMap:
         expert_match = re.fullmatch(pattern, suffix)
         if expert_match:
             local_expert = int(expert_match.group("a") or expert_match.group("b"))
-            num_local = model.config.num_moe_experts // _ep_size(model)
+            num_local = model.config.num_moe_experts // model.config.expert_model_parallel_size
             expert = ep_rank * num_local + local_expert
             return ParamMap(name, tuple(h.format(i=layer, j=expert) for h in hf), kind, True, (1, layer, 1 + expert))
     raise ValueError(f"no HF mapping for megatron parameter {name!r} (layer suffix {suffix!r})")
-
-
-def _ep_size(model: torch.nn.Module) -> int:
-    return model.config.expert_model_parallel_size
 
 
 def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
@@ -161,7 +159,7 @@ def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
         elif name == "output_layer.weight":
             # Tied models keep a copy of the embedding on the last pipeline stage (PP > 1 only).
             hf = "model.embed_tokens.weight" if tied else "lm_head.weight"
-            maps.append(ParamMap(name, (hf,), "vocab", False, (3, 0, 0)))
+            maps.append(ParamMap(name, (hf,), "vocab", False, (3, 0, 0), exported=not tied))
         elif name == "decoder.final_layernorm.weight":
             maps.append(ParamMap(name, ("model.norm.weight",), "replicated", False, (2, 0, 0)))
         else:
@@ -297,8 +295,9 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
 
     Collective: every rank of the trainer world calls it (one ``all_gather_object`` at the end
     checks, on all ranks alike, that every HF tensor was consumed by some rank and that no shape
-    disagreed). Call it before the optimizer is built, so that fp32 master weights start from the
-    imported values.
+    disagreed). Call it before the optimizer is built, or call the optimizer's
+    ``reload_model_params()`` afterwards, so that fp32 master weights (bf16 training) start from
+    the imported values; a reference model copied from the policy must be re-synced too.
     """
     bare = unwrap(model)
     pg = pg_collection or default_process_groups()
