@@ -69,3 +69,20 @@ def test_math_reward_timeout_is_a_flag_not_a_crash(monkeypatch):
         assert value.score == 0.0 and TIMEOUT in value.flags
     finally:
         reward.close()
+
+
+def test_answer_tag_ignores_digits_outside_the_tags():
+    """Without tags, math-verify reads the last number anywhere: noise containing the right digit pays."""
+    def sample(text):
+        return Sample("s", "g", "t", [1], [2], [1], [0.0], [0], completion_text=text, answer="5")
+
+    untagged, tagged = MathReward(timeout_s=20.0), MathReward(timeout_s=20.0, answer_tag="answer")
+    try:
+        assert untagged(sample('OHv=5ontC"')).score == 1.0  # the false positive the tag closes
+        assert tagged(sample('OHv=5ontC"')).score == 0.0
+        assert tagged(sample("<answer>5</answer>")).score == 1.0
+        assert tagged(sample("<answer>3</answer> 5 <answer>5</answer>")).score == 1.0  # the last tag counts
+        assert tagged(sample("5 <answer>4</answer>")).score == 0.0
+    finally:
+        untagged.close()
+        tagged.close()

@@ -45,6 +45,12 @@ class _Ledger:
     requeued: int = 0
 
 
+def group_lag(group: list[Sample], trainer_version: int) -> int:
+    """Policy versions between the trainer and the group's oldest sampled token (0 if none was sampled)."""
+    versions = [s.min_version for s in group if s.min_version >= 0]
+    return trainer_version - min(versions) if versions else 0
+
+
 class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
         from hetrl.env.registry import build_task_stream
@@ -198,7 +204,7 @@ class Orchestrator:
             while not self.ready:
                 self.pump(timeout_s=3600)
             group = self.ready.pop(0)
-            lag = self.version - min(s.min_version for s in group)
+            lag = group_lag(group, self.version)
             if lag > max_lag:
                 dropped_stale += 1
             elif self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0:

@@ -91,6 +91,13 @@ POLICY_KL = _spec("policy_kl", "k3 estimate of KL(behaviour policy || updated po
 ENTROPY = _spec("entropy", "Mean per-token entropy of the policy over policy tokens.", "nats", "trainer")
 GRAD_NORM = _spec("grad_norm", "Global gradient norm before clipping.", emitted_by="trainer")
 LEARNING_RATE = _spec("lr", "Learning rate used at this step.", emitted_by="trainer")
+CLIP_FRAC_DUAL = _spec("clip_frac/dual", "Fraction of policy tokens where the dual-clip bound (negative advantage, ratio > c) was active.", "fraction", "trainer")
+VALUE_CLIP_FRAC = _spec("value/clip_frac", "PPO: fraction of tokens whose value prediction was clipped.", "fraction", "trainer")
+IS_WEIGHT_MEAN = _spec("is/weight_mean", "Mean importance weight of the train/inference mismatch correction (trainer vs engine probability).", "", "trainer")
+IS_MASKED_FRAC = _spec("is/masked_frac", "Fraction of policy tokens rejected by masked IS (weight above the threshold).", "fraction", "trainer")
+IS_TRUNCATED_FRAC = _spec("is/truncated_frac", "Fraction of policy tokens whose IS weight was truncated at the threshold.", "fraction", "trainer")
+TRAINER_TOKENS_PER_S = _spec("perf/trainer_tokens_per_s", "Tokens trained per second (prompt + completion, all DP ranks) in the optimizer step.", "tokens/s", "trainer")
+TRAIN_STEP_S = _spec("perf/train_step_s", "Wall time of the trainer's optimizer step (log-prob passes included).", "s", "trainer")
 
 # --- train/inference mismatch (hetrl.monitor.mismatch) ---
 MISMATCH_PROB_RATIO_MEAN = _spec(

@@ -125,15 +125,27 @@ class MathVerifier:
 
 
 class MathReward:
-    """Reward function: 1.0 for a verified answer to ``sample.answer``, else 0.0 (flags explain why)."""
+    """Reward function: 1.0 for a verified answer to ``sample.answer``, else 0.0 (flags explain why).
 
-    def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6) -> None:
+    ``answer_tag`` (e.g. ``"answer"``) verifies only the content of the last ``<answer>...</answer>``
+    and scores a completion without one 0: otherwise math-verify reads the last number anywhere in
+    the text, and a policy that sprays digits gets paid for the right one by chance.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6, answer_tag: str | None = None) -> None:
         self.verifier = MathVerifier(timeout_s=timeout_s, workers=workers, rel_tol=rel_tol)
+        self.tag_pattern = re.compile(rf"<{re.escape(answer_tag)}>(.*?)</{re.escape(answer_tag)}>", re.DOTALL) if answer_tag else None
 
     def __call__(self, sample: Sample) -> RewardValue:
         if sample.answer is None:
             return RewardValue(0.0, [NO_ANSWER], info={"reason": "sample has no reference answer"})
-        verdict = self.verifier.verify(sample.completion_text, sample.answer)
+        text = sample.completion_text
+        if self.tag_pattern is not None:
+            tagged = self.tag_pattern.findall(text)
+            if not tagged:
+                return RewardValue(0.0, [NO_ANSWER], info={"reason": "no answer inside the required tags"})
+            text = tagged[-1]
+        verdict = self.verifier.verify(text, sample.answer)
         return RewardValue(float(verdict.correct), verdict.flags, {"math/timeout": float(TIMEOUT in verdict.flags)}, {"reason": verdict.reason})
 
     def close(self) -> None:
