@@ -102,12 +102,14 @@ def test_components_match_the_plan(nodes: int, tmp_path: Path) -> None:
     assert srun[:4] == ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "--label"]
     commands = het_commands(srun)
     assert [c[0] for c in commands] == [f"--het-group={i}" for i in range(len(plan.components))]
-    for command, component in zip(commands, plan.components):
+    for command, component, group in zip(commands, plan.components, groups):
         worker = command.index("$PYTHON")
         assert command[worker:] == ["$PYTHON", "-m", "hetrl.launch.worker", "--run-dir", "$RUN_DIR"]
-        env_words = command[command.index("env"):worker] if "env" in command else []
-        expected = [] if component.gpus_per_node else ["env", "-u", "CUDA_VISIBLE_DEVICES", "-u", "SLURM_JOB_GPUS"]
-        assert env_words == expected, "only GPU-less components drop the GPU env leaked from component 0"
+        env_words = command[command.index("env"):worker]
+        unset = [] if component.gpus_per_node else ["-u", "CUDA_VISIBLE_DEVICES", "-u", "SLURM_JOB_GPUS"]
+        threads = str(int(group["cpus-per-task"]))
+        assert env_words == ["env", *unset, f"OMP_NUM_THREADS={threads}", f"HETRL_THREADS={threads}"], (
+            "only GPU-less components drop the GPU env leaked from component 0; every rank's threads match its cores")
 
 
 def test_uneven_component_uses_plane_distribution(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,27 +19,14 @@ from hetrl.config import load_config
 from hetrl.launch import slurm
 from hetrl.launch.plan import make_plan
 from hetrl.launch.sbatch import write_sbatch
+from tests.launch.local_cluster import NEEDS_LOCAL_CLUSTER
 
 FAKE_WORKER = Path(__file__).with_name("slurm_fake_worker.py")
 LOCAL = ["cluster.launcher=slurm", "cluster.gpus_per_node=2", "cluster.cpus_per_node=8", "cluster.reward_workers_per_node=2",
          "cluster.time_limit=00:05:00", "nodes=1"]
 
 
-def _cluster_up() -> str:
-    if shutil.which("sinfo") is None:
-        return "sinfo not found"
-    done = subprocess.run(["sinfo", "-h", "-p", "gpu,cpu", "-o", "%T"], capture_output=True, text=True)
-    states = set(done.stdout.split())
-    if done.returncode or not states or not states <= {"idle", "mixed", "allocated", "planned", "completing"}:
-        return f"nodes not up ({done.stderr.strip() or sorted(states)})"
-    return ""
-
-
-_NOT_UP = _cluster_up()
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(bool(_NOT_UP), reason=f"local Slurm cluster not running: {_NOT_UP}; start it with `sudo slurm/local/cluster.sh start`"),
-]
+pytestmark = NEEDS_LOCAL_CLUSTER
 
 
 @pytest.fixture

@@ -39,6 +39,8 @@ REQUEUE_EXIT_CODE = 3
 # Environment a component without GPUs must not inherit from component 0 (Slurm copies the batch
 # shell's environment into every het component; only components with gres get it overwritten).
 GPU_ENV_LEAKS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS")
+# Per-rank thread counts, set per component in the srun step (the worker pins torch to HETRL_THREADS).
+THREAD_ENV = ("OMP_NUM_THREADS", "HETRL_THREADS")
 BLOCKS = ("directives", "vars", "launch")
 _BLOCK_RE = re.compile(r"^# >>> hetrl:(\w+)\n.*?^# <<< hetrl:\1\n", re.MULTILINE | re.DOTALL)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -139,7 +141,7 @@ def _component_directives(component: Component, cluster: ClusterConfig) -> list[
         _directive("partition", component.partition),
         _directive("nodes", component.nodes),
         _directive("ntasks-per-node", component.tasks_per_node),
-        _directive("cpus-per-task", max(1, cluster.cpus_per_node // component.tasks_per_node)),
+        _directive("cpus-per-task", cpus_per_task(component, cluster)),
     ]
     if component.gpus_per_node:
         lines.append(_directive("gpus-per-node", component.gpus_per_node))
@@ -149,6 +151,11 @@ def _component_directives(component: Component, cluster: ClusterConfig) -> list[
         if cluster.mem_per_node_gb is not None:
             lines.append(_directive("mem", f"{cluster.mem_per_node_gb}G"))
     return lines
+
+
+def cpus_per_task(component: Component, cluster: ClusterConfig) -> int:
+    """Cores per rank: the node's cores split over its tasks (also each rank's OMP/torch threads)."""
+    return max(1, cluster.cpus_per_node // component.tasks_per_node)
 
 
 def _vars(cluster: ClusterConfig, run_dir: str, python: str) -> str:
@@ -181,9 +188,13 @@ def _component_command(component: Component, cluster: ClusterConfig) -> str:
         # Uneven components (e.g. the CPU one's extra orchestrator task): plane keeps the plan's
         # block order, node 0 first; plain --ntasks would pack tasks by free CPUs instead.
         words += [f"--ntasks={component.total_tasks}", f"--distribution=plane={component.tasks_per_node}"]
+    # Threads sized to the rank's cores: library defaults take every core of the node per rank,
+    # and oversubscribed ranks run 20-40x slower.
+    threads = cpus_per_task(component, cluster)
+    words.append("env")
     if not component.gpus_per_node:
-        words.append("env")
         words += [f"-u {name}" for name in GPU_ENV_LEAKS]
+    words += [f"{name}={threads}" for name in THREAD_ENV]
     if cluster.container is not None:
         words += ["apptainer", "exec"]
         if component.gpus_per_node:

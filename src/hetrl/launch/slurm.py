@@ -67,6 +67,19 @@ class JobStatus:
     components: tuple[ComponentStatus, ...]
     num_components: int  # as submitted: sacct may list a component late
 
+    def __str__(self) -> str:
+        """What ``launch.py status`` prints: the job line, then one line per het component."""
+        head = f"job {self.job_id}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        head += f", restarts {self.restarts}" if self.restarts else ""
+        lines = [head]
+        for c in self.components:
+            where = f" on {c.nodes}" if c.nodes and c.nodes != "None assigned" else ""
+            code = f", exit code {c.exit_code}" if c.exit_code and c.state.split()[0] in FINAL_STATES else ""
+            lines.append(f"  component {c.index}: {c.state}{where}{code}")
+        missing = self.num_components - len(self.components)
+        lines += [f"  ({missing} component(s) not yet known to Slurm accounting)"] if missing > 0 else []
+        return "\n".join(lines)
+
     @property
     def done(self) -> bool:
         """Final for every submitted component (sacct can lag a component behind the leader)."""

@@ -1,0 +1,120 @@
+"""tiny_grpo as a real heterogeneous job on the local cluster (slurm/local/cluster.sh), real worker.
+
+Everything goes through ``launch.py`` as a user types it: ``recipe=tiny_grpo cluster=local_slurm``
+submits trainer + engines to the ``gpu`` partition (2 fake GPUs: the ranks run their CPU paths) and
+the orchestrator + reward worker to ``cpu``; ``status``, ``logs`` and ``cancel`` read the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetrl.launch import slurm
+from tests.launch.local_cluster import NEEDS_LOCAL_CLUSTER
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = ("run.steps=3", "warm_start.steps=3", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=8")
+ROLE_LOGS = ("trainer_0", "trainer_1", "rollout_0", "rollout_1", "reward_0", "orchestrator_0")
+
+pytestmark = NEEDS_LOCAL_CLUSTER
+
+
+def launch(*words: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "launch.py", *words], cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env)
+
+
+def submit(root: Path, name: str, *overrides: str) -> Path:
+    done = launch("recipe=tiny_grpo", "cluster=local_slurm", "trainer.precision=fp32", f"run.output_dir={root}", f"run.name={name}", *overrides)
+    assert done.returncode == 0 and "submitted job" in done.stdout, done.stdout + done.stderr
+    return root / name
+
+
+def processes_of(run_dir: Path) -> dict[int, str]:
+    """pid -> command line of every live process whose command line names the run dir (srun, ranks)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if str(run_dir) in cmdline:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """One short tiny_grpo hetjob run to completion (shared by the checks below): (run dir, seconds)."""
+    started = time.monotonic()
+    run_dir = submit(tmp_path_factory.mktemp("e2e"), "short", *SHORT)
+    slurm.wait(run_dir, timeout_s=600, poll_s=2)
+    return run_dir, time.monotonic() - started
+
+
+def test_tiny_grpo_hetjob_completes_and_runs_the_loop(finished_run: tuple[Path, float]) -> None:
+    run_dir, seconds = finished_run
+    final = slurm.status(run_dir)
+    assert final.state == "COMPLETED" and [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], slurm.logs(run_dir)
+    assert final.components[0].nodes.startswith("gpu") and final.components[1].nodes.startswith("cpu")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("eval_before", "eval_after_warm_start", "eval_after"):
+        assert 0.0 <= summary[key] <= 1.0
+    # The warm start's 3 x 64 samples, then RL samples on top (at most 3 steps x 4 prompts x 4).
+    warm = 3 * 64
+    assert warm < summary["trained_samples"] <= warm + 3 * 4 * 4
+    print(f"short hetjob run: {seconds:.0f}s submit-to-done; summary {summary}")
+
+
+def test_status_and_logs_report_the_run(finished_run: tuple[Path, float]) -> None:
+    run_dir, _ = finished_run
+    job_id = slurm.job_id_of(run_dir)
+    status = launch("status", str(run_dir))
+    assert status.returncode == 0, status.stderr
+    assert re.search(rf"job {job_id}: COMPLETED\n  component 0: COMPLETED on gpu\d.*\n  component 1: COMPLETED on cpu\d", status.stdout), status.stdout
+    logs = launch("logs", str(run_dir))
+    assert logs.returncode == 0, logs.stderr
+    for name in ROLE_LOGS:  # every rank's own log, and what it wrote there
+        assert f"==> {run_dir}/logs/{name}.log <==" in logs.stdout
+        role, index = name.rsplit("_", 1)
+        assert f"{role}[{index}] INFO role finished" in logs.stdout, f"{name} did not finish cleanly"
+    # Each component's stdout/stderr (srun --label): vLLM's engine start on gpu, the loop's result on cpu.
+    assert re.search(r"==> .*/logs/train-node0\.log <==(.|\n)*\d: .*init engine", logs.stdout)
+    assert re.search(r"==> .*/logs/cpu-node0\.log <==(.|\n)*\d: \[hetrl\] held-out mean reward: before", logs.stdout)
+    assert f"hetrl: job {job_id} (restart 0)" in logs.stdout
+
+
+def test_cancel_mid_run_leaves_no_process(tmp_path: Path) -> None:
+    run_dir = submit(tmp_path, "cancelled", "run.steps=50")
+    wait_for(lambda: "handshake done" in _text(run_dir / "logs" / "trainer_1.log"), 180, "the ranks to join the control plane")
+    wait_for(lambda: "init engine" in _text(run_dir / "logs" / "train-node0.log"), 180, "the engines to start")
+    assert slurm.status(run_dir).state == "RUNNING"
+    ranks = processes_of(run_dir)
+    assert sum("hetrl.launch.worker" in c for c in ranks.values()) >= 6, ranks
+    done = launch("cancel", str(run_dir))
+    assert done.returncode == 0 and slurm.job_id_of(run_dir) in done.stdout, done.stderr
+    final = slurm.wait(run_dir, timeout_s=60)
+    assert final.state.startswith("CANCELLED")
+    wait_for(lambda: not processes_of(run_dir), 30, f"every process of the run to exit (left: {processes_of(run_dir)})")
+    assert not (run_dir / "summary.json").exists()
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
