@@ -1,7 +1,8 @@
 """Local launch: every role as its own process(es) under one MPMD ``mpiexec`` (MPICH, pip wheel).
 
 The launcher owns the job's lifetime: mpiexec runs in a session of its own, SIGINT/SIGTERM to the
-launcher are forwarded to that whole process group (then SIGKILL after a grace period), and
+launcher are forwarded to that whole process group as SIGTERM (the loop's pre-emption signal:
+checkpoint, then exit with the requeue code), SIGKILL after a grace period, and
 every rank also dies with its MPI proxy (PR_SET_PDEATHSIG), so nothing outlives the launcher.
 """
 
@@ -57,20 +58,30 @@ def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = s
     return command
 
 
-def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float = 10.0, check: bool = False) -> int:
-    """Run the job in the foreground; return its exit code (128 + signal if we were stopped)."""
+def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None = None, check: bool = False) -> int:
+    """Run the job in the foreground; return its exit code.
+
+    A SIGINT/SIGTERM to the launcher is forwarded to the job as SIGTERM, which the ranks treat as a
+    pre-emption: checkpoint at the next step boundary, exit with the requeue code. The job gets
+    ``grace_s`` (default ``cluster.signal_grace_s``, the time Slurm would give it) before it is
+    killed; a second signal kills it at once. A job that ended by itself after the signal returns
+    its own code (0, or the requeue code); one that had to be stopped returns 128 + the signal.
+    """
+    from hetrl.launch.sbatch import REQUEUE_EXIT_CODE
+
+    grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
     proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check), start_new_session=True)
     received: list[int] = []
 
     def forward(signum, _frame):
+        _signal_group(proc, signal.SIGKILL if received else signal.SIGTERM)
         received.append(signum)
-        _signal_group(proc, signal.SIGTERM)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             try:
-                code = proc.wait(timeout=grace_s if received else None)
+                code = proc.wait(timeout=grace if received else None)
                 break
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
@@ -78,7 +89,9 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float = 10.0
         for s, handler in previous.items():
             signal.signal(s, handler)
         _signal_group(proc, signal.SIGKILL)  # stragglers of a job that ended by itself
-    return 128 + received[0] if received else code
+    if received and code not in (0, REQUEUE_EXIT_CODE):
+        return 128 + received[0]
+    return code
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -1,7 +1,9 @@
 """The orchestrator's main: evaluate, warm-start, run the schedule, evaluate again, report.
 
 It prints the held-out reward before and after training and writes ``summary.json`` into the run
-directory, so "did it learn" is one line to read.
+directory, so "did it learn" is one line to read. Checkpoints are taken every ``checkpoint.every``
+RL steps, at the end, and at the first step boundary after a pre-emption signal; a resumed run
+skips whatever its checkpoint's loop state says is done (see ``hetrl.loop.resume``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext
+from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
+from hetrl.loop.work import id_order
 from hetrl.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -46,48 +50,43 @@ def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, str
 
 
 def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path) -> None:
+    """The whole run; raises :class:`hetrl.loop.preempt.Preempted` when it stopped early on a signal."""
     from transformers import AutoTokenizer
 
     from hetrl.env.chat import ChatCodec
     from hetrl.env.registry import build_task_stream
     from hetrl.monitor.core import Monitor
-    from hetrl.monitor.metrics import staleness_metrics
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     codec = ChatCodec(tokenizer)
     orch = Orchestrator(ctx, cfg, run_dir, tokenizer)
+    state = resume.resume(ctx, cfg.checkpoint, orch, run_dir)
+    summary = state.summary
     monitor = Monitor(cfg.monitor, run_dir, cfg.run.steps, roles=("rollout", "reward", "trainer"), run_config=cfg.model_dump(mode="json"))
     held_out = eval_tasks(cfg)
-    summary: dict[str, Any] = {"eval_before": orch.evaluate(held_out)[0]}
+    demo_stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed + cfg.warm_start.seed_offset)
+    if state.demo_stream is not None:
+        demo_stream.load_state_dict(state.demo_stream)
     try:
-        demo_stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed + cfg.warm_start.seed_offset)
-        for w in range(cfg.warm_start.steps):
+        if "eval_before" not in summary:
+            summary["eval_before"] = orch.evaluate(held_out)[0]
+        for w in range(state.warm_steps_done, cfg.warm_start.steps):
             orch.train(-1 - w, demonstrations(cfg, codec, tokenizer, cfg.warm_start.batch_size, demo_stream, w), supervised=True)
-        if cfg.warm_start.steps:
+            state.warm_steps_done, state.demo_stream = w + 1, demo_stream.state_dict()
+            resume.safe_point(ctx, orch, state)
+        if cfg.warm_start.steps and "eval_after_warm_start" not in summary:
             summary["eval_after_warm_start"] = orch.evaluate(held_out)[0]
-        schedule = cfg.schedule
-        max_lag = 0 if schedule.type == "sync" else schedule.max_staleness
-        look_ahead = {"sync": 0, "one_step_off": 1, "async": schedule.max_staleness}[schedule.type]
-        target = cfg.run.prompts_per_step * (1 + look_ahead)
-        for step in range(cfg.run.steps):
-            with monitor.timer(step, "generate"):
-                orch.top_up(target)
-                batch, drop_metrics = orch.collect_batch(max_lag, target)
-            if look_ahead:
-                orch.top_up(target)  # the next step's generation overlaps this step's training
-            samples = [s for g in batch for s in g]
-            monitor.log(step, {**staleness_metrics(samples, orch.version, int(drop_metrics["staleness/dropped"]))})
-            monitor.record_rollouts(step, samples)
-            with monitor.timer(step, "train"):
-                done = orch.train(step, batch)
-            monitor.log(step, done.metrics)
-            if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                mean, metrics = orch.evaluate(held_out)
-                monitor.log(step, metrics)
-            monitor.end_step(step)
+        for step in range(state.rl_steps_done, cfg.run.steps):
+            rl_step(orch, cfg, monitor, step, held_out)
+            state.rl_steps_done = step + 1
+            if cfg.checkpoint.every and state.rl_steps_done % cfg.checkpoint.every == 0:
+                resume.save(ctx, orch, state)
+            resume.safe_point(ctx, orch, state)
+        resume.save(ctx, orch, state)  # before the final eval: a pre-emption there loses no training
         summary["eval_after"] = orch.evaluate(held_out)[0]
-        summary["trained_samples"] = len(orch.ledger.trained)
+        summary["trained_samples"] = state.trained_before + len(orch.ledger.trained)
         summary["dropped_stale_samples"] = orch.ledger.dropped_stale
+        summary["samples"] = orch.ledger_report()  # every training sample id accounted for
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"[hetrl] held-out mean reward: before {summary['eval_before']:.3f}"
               + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
@@ -95,3 +94,28 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     finally:
         monitor.close()
         orch.shutdown()
+
+
+def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_out: list[tuple[Any, int]]) -> None:
+    """One RL step of the recipe's schedule: collect a batch (topping up generation), train, log."""
+    from hetrl.monitor.metrics import staleness_metrics
+
+    schedule = cfg.schedule
+    max_lag = 0 if schedule.type == "sync" else schedule.max_staleness
+    look_ahead = {"sync": 0, "one_step_off": 1, "async": schedule.max_staleness}[schedule.type]
+    target = cfg.run.prompts_per_step * (1 + look_ahead)
+    with monitor.timer(step, "generate"):
+        orch.top_up(target)
+        batch, drop_metrics = orch.collect_batch(max_lag, target)
+    if look_ahead:
+        orch.top_up(target)  # the next step's generation overlaps this step's training
+    batch.sort(key=lambda group: id_order(group[0].sample_id))  # completion order varies; training must not
+    samples = [s for g in batch for s in g]
+    monitor.log(step, {**staleness_metrics(samples, orch.version, int(drop_metrics["staleness/dropped"]))})
+    monitor.record_rollouts(step, samples)
+    with monitor.timer(step, "train"):
+        done = orch.train(step, batch)
+    monitor.log(step, done.metrics)
+    if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+        monitor.log(step, orch.evaluate(held_out)[1])
+    monitor.end_step(step)

@@ -6,6 +6,11 @@ new version to the orchestrator and then pushes the weights in HF layout, bucket
 streaming exporter (every trainer rank takes part in the exporter's gathers); the engines join the
 push when the orchestrator tells them to. Warm-start (``supervised``) steps use plain token-mean
 likelihood: no ratio, no clipping, no IS correction.
+
+Checkpoints (``RUN_DIR/checkpoints/step_<version>``) hold model, optimizer, LR schedule, RNG and
+the orchestrator's loop state, saved when the orchestrator sends :class:`Checkpoint`. On
+:class:`Restore` the trainer loads one and pushes its weights like a step's: the engines start from
+the initial HF checkpoint at version 0, so this push is what makes them serve the resumed version.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, recv, send
-from hetrl.loop.work import Shutdown, TrainDone, TrainWork
+from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored, Shutdown, TrainDone, TrainWork
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +47,13 @@ def init_trainer_world(ctx: RoleContext) -> None:
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ctx.role_comm.Get_rank(), world_size=ctx.role_comm.Get_size())
 
 
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
     import torch
 
-    from hetrl.trainer.exporter import iter_hf_weight_buckets
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.policy import PolicyTrainer
 
@@ -56,27 +64,67 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
                             temperature=cfg.rollout.temperature, max_len=cfg.rollout.max_tokens)
     load_hf_checkpoint(trainer.module, model_dir, trainer.groups.pg_collection)
     if trainer.reference is not None:
-        trainer.sync_reference()
+        trainer.sync_reference()  # the reference is the initial policy, also after a resume
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
-    bucket_bytes = cfg.rollout.weight_sync_bucket_mb << 20
     while True:
         message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
             return
+        if isinstance(message, Checkpoint):
+            path = _save(trainer, cfg, run_dir, message, version)
+            _reply(ctx, sender, CheckpointDone(str(path)))
+            continue
+        if isinstance(message, Restore):
+            version, loop_state = _restore(trainer, message.path)
+            _reply(ctx, sender, Restored(version, loop_state))
+            _push_weights(trainer, cfg, sender, version)
+            continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
         batch = trainer.make_batch(message.samples, _padded(message.advantages))
         metrics = trainer.train_step(batch)
         version += 1
-        buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
-        if sender is None:
-            for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
-                pass
-            continue
-        send(ctx.world, TrainDone(message.step, version, metrics), ctx.orchestrator_rank, Tag.RESULT)
+        _reply(ctx, sender, TrainDone(message.step, version, metrics))
+        _push_weights(trainer, cfg, sender, version)
+
+
+def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
+    """Trainer rank 0 (the weight sender) answers for all trainer ranks."""
+    if sender is not None:
+        send(ctx.world, message, ctx.orchestrator_rank, Tag.RESULT)
+
+
+def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int) -> None:
+    """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers)."""
+    from hetrl.trainer.exporter import iter_hf_weight_buckets
+
+    buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+    if sender is None:
+        for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
+            pass
+    else:
         sender.send(buckets, version)
+
+
+def _save(trainer: Any, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:
+    from hetrl.trainer.checkpoint import save_checkpoint
+
+    if message.step != version:
+        raise RuntimeError(f"orchestrator asked for a checkpoint of v{message.step}, the trainer holds v{version}")
+    return save_checkpoint(checkpoint_root(run_dir), version, trainer.model, trainer.optimizer, trainer.scheduler,
+                           extra={"version": version, "loop": message.loop_state}, keep=cfg.checkpoint.keep,
+                           pg_collection=trainer.groups.pg_collection)
+
+
+def _restore(trainer: Any, path: str) -> tuple[int, dict[str, Any]]:
+    from hetrl.trainer.checkpoint import load_checkpoint
+
+    state = load_checkpoint(path, trainer.model, trainer.optimizer, trainer.scheduler, pg_collection=trainer.groups.pg_collection)
+    trainer.step = state.step
+    logger.info("resumed from %s at v%d (RNG restored: %s)", state.path, state.extra["version"], state.rng_restored)
+    return state.extra["version"], state.extra["loop"]
 
 
 def _padded(advantages: list[list[float]]):
