@@ -26,7 +26,7 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop.batching import advantages_for
 from hetrl.loop.work import (
-    EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork,
+    EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork, id_order,
 )
 from hetrl.types import Sample, SamplingParams
 
@@ -39,10 +39,18 @@ class _Ledger:
 
     dispatched: dict[str, EpisodeItem] = field(default_factory=dict)  # at an engine
     at_engine: dict[str, int] = field(default_factory=dict)  # sample id -> engine rank
-    rewarding: set[str] = field(default_factory=set)
+    rewarding: dict[str, Sample] = field(default_factory=dict)  # at a reward worker
+    issued: set[str] = field(default_factory=set)  # every training sample id ever dispatched
     trained: set[str] = field(default_factory=set)
+    dropped: set[str] = field(default_factory=set)  # stale or uninformative groups, never trained
     dropped_stale: int = 0
-    requeued: int = 0
+    requeued_generation: int = 0  # episodes re-run after an engine failure
+    requeued_reward: int = 0  # samples re-scored after a reward-worker failure
+
+    def unaccounted(self, waiting: set[str]) -> set[str]:
+        """Issued training ids that are neither trained, dropped, in flight, nor waiting in a group."""
+        in_flight = set(self.dispatched) | set(self.rewarding) | waiting
+        return self.issued - self.trained - self.dropped - in_flight
 
 
 def group_lag(group: list[Sample], trainer_version: int) -> int:
@@ -98,6 +106,8 @@ class Orchestrator:
                 self.ledger.dispatched[item.sample_id] = item
                 self.ledger.at_engine[item.sample_id] = engine
                 self.purpose_of[item.group_id] = purpose
+                if purpose == "train":
+                    self.ledger.issued.add(item.sample_id)
             self.engine_load[engine] += len(group)
             send(self.ctx.world, RolloutWork(group, sampling, purpose), engine, Tag.WORK)
 
@@ -120,17 +130,45 @@ class Orchestrator:
             if self.ledger.dispatched.pop(sample.sample_id, None) is None:
                 raise RuntimeError(f"engine {engine} returned unknown or duplicate sample {sample.sample_id}")
             del self.ledger.at_engine[sample.sample_id]
-            self.ledger.rewarding.add(sample.sample_id)
-        self.engine_load[engine] -= len(message.samples)
+            self.ledger.rewarding[sample.sample_id] = sample
+        self.engine_load[engine] -= len(message.samples) + len(message.failed)
+        if message.failed:
+            self._requeue_episodes(message.failed, engine)
         if message.samples:
-            worker = min(self.reward_ranks, key=lambda r: self.reward_load[r])
-            self.reward_load[worker] += len(message.samples)
-            send(self.ctx.world, RewardWork(message.samples), worker, Tag.WORK)
+            self._send_to_reward(message.samples, avoid=None)
+
+    def _requeue_episodes(self, sample_ids: list[str], failed_engine: int) -> None:
+        """Episodes an engine lost go out again under the same ids, to another engine if there is one."""
+        logger.warning("engine rank %d lost %d episode(s); re-queueing them", failed_engine, len(sample_ids))
+        self.ledger.requeued_generation += len(sample_ids)
+        by_group: dict[str, list[EpisodeItem]] = defaultdict(list)
+        for sample_id in sample_ids:
+            item = self.ledger.dispatched[sample_id]
+            by_group[item.group_id].append(item)
+        others = [r for r in self.engines if r != failed_engine] or self.engines
+        for group_id, items in by_group.items():
+            engine = min(others, key=lambda r: self.engine_load[r])
+            for item in items:
+                self.ledger.at_engine[item.sample_id] = engine
+            self.engine_load[engine] += len(items)
+            purpose = self.purpose_of[group_id]
+            send(self.ctx.world, RolloutWork(items, self.sampling(purpose), purpose), engine, Tag.WORK)
+
+    def _send_to_reward(self, samples: list[Sample], avoid: int | None) -> None:
+        workers = [r for r in self.reward_ranks if r != avoid] or self.reward_ranks
+        worker = min(workers, key=lambda r: self.reward_load[r])
+        self.reward_load[worker] += len(samples)
+        send(self.ctx.world, RewardWork(samples), worker, Tag.WORK)
 
     def _on_reward(self, message: RewardDone, worker: int) -> None:
-        self.reward_load[worker] -= len(message.samples)
+        self.reward_load[worker] -= len(message.samples) + len(message.failed)
+        if message.failed:
+            logger.warning("reward worker rank %d failed %d sample(s); retrying them", worker, len(message.failed))
+            self.ledger.requeued_reward += len(message.failed)
+            self._send_to_reward([self.ledger.rewarding[i] for i in message.failed], avoid=worker)
         for sample in message.samples:
-            self.ledger.rewarding.discard(sample.sample_id)
+            if self.ledger.rewarding.pop(sample.sample_id, None) is None:
+                raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {sample.sample_id}")
             group = self.groups[sample.group_id]
             group.append(sample)
             if len(group) == self._group_size(sample.group_id):
@@ -154,7 +192,7 @@ class Orchestrator:
         self.dispatch(self.new_groups(tasks_with_seeds, self.cfg.eval.k, "eval"), "eval")
         while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
             self.pump(timeout_s=600)
-        samples, self.results["eval"] = self.results["eval"], []
+        samples, self.results["eval"] = sorted(self.results["eval"], key=lambda s: id_order(s.sample_id)), []
         mean_reward = sum(s.reward for s in samples) / len(samples)
         return mean_reward, eval_metrics(samples, ks=sorted({1, self.cfg.eval.k}))
 
@@ -214,8 +252,41 @@ class Orchestrator:
                 batch.append(group)
                 continue
             self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
+            self.ledger.dropped.update(s.sample_id for s in group)
             self.top_up(target_groups + len(batch))
         return batch, {"staleness/dropped": float(dropped_stale), "dynamic_sampling/dropped_groups": float(dropped_equal)}
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        """What an exact continuation needs: policy version, task cursor, id counter, ledger counts.
+
+        Groups still in flight are not saved: at a sync step boundary there are none; under the
+        overlapping schedules their tasks are skipped on resume (logged here).
+        """
+        if self.outstanding_groups():
+            logger.warning("checkpoint with %d training group(s) in flight: a resume skips their tasks", self.outstanding_groups())
+        return {"version": self.version, "stream": self.stream.state_dict(), "next_group": self._next_group,
+                "dropped_stale": self.ledger.dropped_stale, "requeued_generation": self.ledger.requeued_generation,
+                "requeued_reward": self.ledger.requeued_reward}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.stream.load_state_dict(state["stream"])
+        self._next_group = int(state["next_group"])
+        self.ledger.dropped_stale = int(state["dropped_stale"])
+        self.ledger.requeued_generation = int(state["requeued_generation"])
+        self.ledger.requeued_reward = int(state["requeued_reward"])
+
+    def ledger_report(self) -> dict[str, int]:
+        """Counts that account for every training sample id (written into summary.json)."""
+        waiting = {s.sample_id for group in [*self.groups.values(), *self.ready] for s in group}
+        lost = self.ledger.unaccounted(waiting)
+        if lost:
+            raise RuntimeError(f"{len(lost)} training sample id(s) are unaccounted for, e.g. {sorted(lost)[:5]}")
+        return {"issued": len(self.ledger.issued), "trained": len(self.ledger.trained), "dropped": len(self.ledger.dropped),
+                "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
+                "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
 
     def shutdown(self) -> None:
         for rank in self.engines + self.reward_ranks + self.trainer_ranks:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext
+from hetrl.loop.faults import Countdown, Fault
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     return build_weight_sender(kind, group=group, verify=verify) if sender else build_weight_receiver(kind, group=group, verify=verify)
 
 
-def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path) -> None:
+def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:
     setup = job_setup(ctx, cfg, run_dir)
     if ctx.role == "orchestrator":
         from hetrl.loop.driver import run_orchestrator
@@ -81,11 +82,12 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path) -> None:
     elif ctx.role == "reward":
         from hetrl.loop.reward_role import run_reward
 
-        run_reward(ctx, cfg)
+        run_reward(ctx, cfg, Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "scorer_crash"))
     elif ctx.role == "rollout":
         from hetrl.loop.rollout_role import run_rollout
 
-        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False))
+        crash = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "engine_crash")
+        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False), crash)
     elif ctx.role == "trainer":
         from hetrl.loop.trainer_role import run_trainer
 

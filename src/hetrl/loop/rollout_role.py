@@ -6,8 +6,9 @@ and streams finished samples back as soon as a poll round completes them. Weight
 on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are applied between
 two decoding steps (in-flight samples are paused and resumed under the new version).
 
-An engine failure while generating does not lose work: the items it held are reported as
-``failed`` (the orchestrator re-queues them) and the engine is rebuilt from its last weights.
+An engine failure while generating does not lose work: the episodes it held are cancelled and
+reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
+engine is rebuilt from the checkpoint and the last weight push it applied.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.loop.faults import Countdown
 from hetrl.loop.work import EpisodeItem, RolloutDone, RolloutWork, Shutdown, SyncWeights
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
@@ -28,22 +30,29 @@ _IDLE_SLEEP_S = 0.005
 
 
 class RolloutWorker:
-    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any) -> None:
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown) -> None:
         from hetrl.env.chat import ChatCodec
         from hetrl.env.registry import env_factory
-        from hetrl.rollout.engine import GenerationEngine
         from transformers import AutoTokenizer
 
-        self.ctx, self.cfg, self.receiver = ctx, cfg, receiver
-        self.engine = GenerationEngine(model_dir, cfg.rollout, seed=cfg.run.seed + ctx.assignment.role_rank)
+        self.ctx, self.cfg, self.receiver, self.crash = ctx, cfg, receiver, crash
+        self.model_dir = model_dir
+        self.engine = self._new_engine()
+        self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir))
         self.make_env = env_factory(cfg.env)
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
         self._finished: list[Sample] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, EpisodeItem] = {}
         self._errors: list[BaseException] = []
+        self._failed: list[str] = []
         self.stop = False
+
+    def _new_engine(self) -> Any:
+        from hetrl.rollout.engine import GenerationEngine
+
+        return GenerationEngine(self.model_dir, self.cfg.rollout, seed=self.cfg.run.seed + self.ctx.assignment.role_rank)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, **_: Any) -> GenerationResult:
         request_id = f"r{self.ctx.rank}-{next(self._request_ids)}"
@@ -67,7 +76,7 @@ class RolloutWorker:
             await env.close()
 
     def _episode_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             self._errors.append(task.exception())
 
@@ -75,13 +84,14 @@ class RolloutWorker:
         if isinstance(message, RolloutWork):
             for item in message.items:
                 task = asyncio.get_running_loop().create_task(self._episode(item, message.sampling))
-                self._tasks.add(task)
+                self._tasks[task] = item
                 task.add_done_callback(self._episode_done)
         elif isinstance(message, SyncWeights):
             staged = self.receiver.receive()
             if staged.version != message.version:
                 raise RuntimeError(f"expected weights v{message.version}, received v{staged.version}")
             self.engine.load_weights(staged)
+            self.last_push = staged
             logger.info("now serving weights v%d", staged.version)
         elif isinstance(message, Shutdown):
             self.stop = True
@@ -92,9 +102,32 @@ class RolloutWorker:
         """One decoding step; resolve the episodes' pending generate calls. False when idle."""
         if not self.engine.has_work():
             return False
-        for result in self.engine.poll():
+        try:
+            if self.crash.fire():
+                raise RuntimeError("injected fault: the generation engine crashed")
+            results = self.engine.poll()
+        except Exception as error:  # noqa: BLE001 - any engine failure is survivable here
+            self._replace_engine(error)
+            return True
+        for result in results:
             self._waiting.pop(result.request_id).set_result(result)
         return True
+
+    def _replace_engine(self, error: BaseException) -> None:
+        """Cancel the episodes the engine held, report them for re-queueing, rebuild the engine."""
+        logger.error("generation engine failed (%r): re-queueing %d episode(s) and rebuilding it", error, len(self._tasks))
+        for task, item in list(self._tasks.items()):
+            task.cancel()
+            self._failed.append(item.sample_id)
+        self._tasks.clear()
+        self._waiting.clear()
+        try:
+            self.engine.shutdown()
+        except Exception:  # noqa: BLE001 - the broken engine may not shut down cleanly
+            logger.warning("the failed engine did not shut down cleanly", exc_info=True)
+        self.engine = self._new_engine()
+        if self.last_push is not None:
+            self.engine.load_weights(self.last_push)
 
     async def run(self) -> None:
         orchestrator = self.ctx.orchestrator_rank
@@ -105,11 +138,12 @@ class RolloutWorker:
             await asyncio.sleep(0 if busy or self._tasks else _IDLE_SLEEP_S)
             if self._errors:
                 raise self._errors[0]
-            if self._finished:
+            if self._finished or self._failed:
                 done, self._finished = self._finished, []
-                send(self.ctx.world, RolloutDone(done), orchestrator, Tag.RESULT)
+                failed, self._failed = self._failed, []
+                send(self.ctx.world, RolloutDone(done, failed), orchestrator, Tag.RESULT)
         self.engine.shutdown()
 
 
-def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any) -> None:
-    asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver).run())
+def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown) -> None:
+    asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver, crash).run())

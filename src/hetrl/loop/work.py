@@ -33,7 +33,6 @@ class RolloutWork:
 class RolloutDone:
     samples: list[Sample]
     failed: list[str] = field(default_factory=list)  # sample ids the engine could not finish (re-queued)
-    error: str | None = None
 
 
 @dataclass
@@ -44,6 +43,7 @@ class RewardWork:
 @dataclass
 class RewardDone:
     samples: list[Sample]  # the same samples, rewards/flags filled in
+    failed: list[str] = field(default_factory=list)  # sample ids to score again (elsewhere if possible)
 
 
 @dataclass
@@ -81,3 +81,35 @@ class Checkpoint:
 @dataclass
 class Shutdown:
     reason: str = "done"
+
+
+@dataclass
+class CheckpointDone:
+    """Trainer rank 0 -> orchestrator: the checkpoint of ``Checkpoint.step`` is complete at ``path``."""
+
+    path: str
+
+
+@dataclass
+class Restore:
+    """Trainer ranks: load the checkpoint at ``path`` and push its weights to the engines."""
+
+    path: str
+
+
+@dataclass
+class Restored:
+    """Trainer rank 0 -> orchestrator: weights of ``version`` loaded (and being pushed); the saved loop state."""
+
+    version: int
+    loop_state: dict[str, Any]
+
+
+def id_order(sample_id: str) -> tuple[str, int, int]:
+    """Sort key of a sample id ``<purpose letter><group number>.<index>``: creation order.
+
+    Samples arrive in completion order, which varies from run to run; whatever sums over them
+    (advantages, losses, metrics) must see them in this order for a run to be reproducible.
+    """
+    group, _, index = sample_id.partition(".")
+    return group[0], int(group[1:]), int(index or 0)
