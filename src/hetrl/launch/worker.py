@@ -5,9 +5,7 @@ the resolved config and plan from the run directory, finds its role from its MPI
 the control plane and runs its role. An uncaught exception prints the traceback with the rank's
 role and aborts the whole MPI job, so a crashed role brings the job down instead of hanging it.
 
-Fault injection for tests of the launcher and the loop's fault tolerance:
-``HETRL_INJECT_FAULT=<role>:<role_rank>:<crash|hang>`` makes that rank crash or hang after it
-joined the control plane.
+Faults for tests are injected with ``HETRL_INJECT_FAULT`` (see ``hetrl.loop.faults``).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -44,21 +41,6 @@ def _abort_on_exception(world, label: str) -> None:
     sys.excepthook = hook
 
 
-def _inject_fault(role: str, role_rank: int) -> None:
-    spec = os.environ.get("HETRL_INJECT_FAULT")
-    if not spec:
-        return
-    want_role, want_rank, kind = spec.split(":")
-    if (want_role, int(want_rank)) != (role, role_rank):
-        return
-    if kind == "crash":
-        raise RuntimeError(f"injected fault: {role}[{role_rank}] crashes")
-    if kind == "hang":
-        while True:
-            time.sleep(3600)
-    raise ValueError(f"HETRL_INJECT_FAULT kind must be crash or hang, got {kind!r}")
-
-
 def _pin_threads() -> None:
     """torch's intra-op threads as the launcher sized them (oversubscription costs 20-40x here)."""
     threads = os.environ.get("HETRL_THREADS")
@@ -79,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
     from hetrl.launch.plan import Plan
-    from hetrl.loop.roles import run_role
+    from hetrl.loop.faults import Fault, at_start
 
     run_dir = args.run_dir
     cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
@@ -93,17 +75,41 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
     )
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
-    _inject_fault(ctx.role, ctx.assignment.role_rank)
+    faults = Fault.parse(os.environ.get("HETRL_INJECT_FAULT"))
+    at_start(faults, ctx.role, ctx.assignment.role_rank)
     run_handshake(ctx, run_dir)
     logging.info("handshake done")
     if args.check:
         flush_sends()
         return 0
     _pin_threads()
-    run_role(ctx, cfg, run_dir)
+    return _run(ctx, cfg, run_dir, faults)
+
+
+def _run(ctx, cfg, run_dir: Path, faults) -> int:
+    """The role under pre-emption handling; the rank's exit code (the requeue code after a pre-emption).
+
+    The orchestrator exits last (it waits for every rank's bye), so a launcher that kills the job
+    on the first non-zero exit (``srun --kill-on-bad-exit``) cannot cut another rank's shutdown short.
+    """
+    from hetrl.control.comm import flush_sends
+    from hetrl.loop import preempt
+    from hetrl.loop.roles import run_role
+
+    preempt.install_handlers(ctx)
+    code = 0
+    try:
+        run_role(ctx, cfg, run_dir, faults)
+    except preempt.Preempted as stop:
+        logging.warning("%s; exiting with %d for a requeue", stop, preempt.REQUEUE_EXIT_CODE)
+        code = preempt.REQUEUE_EXIT_CODE
+    if ctx.role == "orchestrator":
+        preempt.wait_for_byes(ctx)
+    else:
+        preempt.say_bye(ctx)
     flush_sends()
-    logging.info("role finished; exiting cleanly")
-    return 0
+    logging.info("role finished; exiting with %d", code)
+    return code
 
 
 if __name__ == "__main__":
