@@ -17,11 +17,16 @@ from hetrl.launch.plan import Plan, PlanError, make_plan
 USAGE = """\
 usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
        python launch.py status|logs|cancel RUN_DIR
+       python launch.py eval [recipe=NAME] checkpoint=PATH [key=value ...] [--out FILE]
 
   recipe=NAME   a recipe under recipes/ (default tiny_grpo) or a path to a YAML file
   key=value     override any recipe key, e.g. nodes=128 trainer.tensor_parallel=4
   --dry-run     print the plan and the job script without running anything
   --check       start every role, handshake over the control plane, exit (checks the job's wiring)
+
+  eval          score a checkpoint (an HF directory, or a run's checkpoints/ or step_N/ directory)
+                on the recipe's held-out tasks in this process; writes eval.json into the
+                checkpoint directory, or to --out FILE
 """
 
 
@@ -32,6 +37,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] in RUN_COMMANDS:
         return run_command(argv[0], argv[1:], console)
+    if argv and argv[0] == "eval":
+        return eval_command(argv[1:], console)
     flags = [a for a in argv if a.startswith("--")]
     unknown = [f for f in flags if f not in ("--dry-run", "--check")]
     if unknown:
@@ -101,6 +108,35 @@ def launch(cfg: HetrlConfig, plan: Plan, run_dir: Path, check: bool = False) -> 
 
 
 RUN_COMMANDS = ("status", "logs", "cancel")
+
+
+def eval_command(args: list[str], console: Console) -> int:
+    """``eval [recipe=NAME] checkpoint=PATH [key=value ...] [--out FILE]``: see hetrl.loop.evaluate."""
+    out, words, rest = None, [], list(args)
+    while rest:
+        word = rest.pop(0)
+        if word == "--out" and rest:
+            out = rest.pop(0)
+        elif word.startswith("--out="):
+            out = word.split("=", 1)[1]
+        else:
+            words.append(word)
+    checkpoint = next((w.split("=", 1)[1] for w in words if w.startswith("checkpoint=")), None)
+    loose = [w for w in words if "=" not in w or w.startswith("--")]
+    if loose or not checkpoint:
+        console.print(f"error: eval needs checkpoint=PATH and key=value words, got {' '.join(args)!r}\n{USAGE}", markup=False)
+        return 2
+    recipe = next((w.split("=", 1)[1] for w in words if w.startswith("recipe=")), "tiny_grpo")
+    overrides = [w for w in words if not w.startswith(("recipe=", "checkpoint="))]
+    from hetrl.loop.evaluate import CheckpointError, evaluate_checkpoint
+
+    try:
+        report = evaluate_checkpoint(load_config(recipe, overrides), checkpoint, out)
+    except (ConfigError, CheckpointError) as err:
+        console.print(f"error: {err}", markup=False, highlight=False)
+        return 2
+    print("\n".join(report.lines()), flush=True)
+    return 0
 
 
 def run_command(command: str, args: list[str], console: Console) -> int:

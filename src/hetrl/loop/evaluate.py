@@ -1,0 +1,274 @@
+"""Standalone evaluation of a checkpoint on the recipe's held-out tasks, in one process (no MPI).
+
+``python launch.py eval recipe=NAME checkpoint=PATH`` lands here. The held-out draw, the sampling
+parameters, the episode runner and the rubric are the training loop's own, so a checkpoint scores
+here exactly what the loop's eval of the same weights printed (``summary.json``'s ``eval_before``
+for ``RUN/initial_model``, ``eval_after`` for the final ``RUN/checkpoints``).
+
+``PATH`` is either
+
+* an HF checkpoint directory (``config.json`` + ``*.safetensors`` + tokenizer files), served as is;
+* a run's trainer checkpoint: ``RUN/checkpoints`` (its ``latest`` is used) or one ``step_N``
+  directory in it. It is loaded into a single-process :class:`~hetrl.trainer.policy.PolicyTrainer`
+  (a torch.distributed world of 1; dist_checkpointing reshards any saved TP/PP/EP layout to it),
+  exported to a temporary HF directory with the exporter the weight push uses, and served from there.
+
+The recipe's ``model:`` shape must match the checkpoint's (checked before anything heavy starts).
+The report is printed and written as ``eval.json`` into the checkpoint directory (the resolved
+``step_N`` one for trainer checkpoints) unless another path is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hetrl.config.model import ModelConfig
+from hetrl.config.schema import HetrlConfig
+from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+CheckpointKind = Literal["hf", "trainer"]
+# config.json keys that fix the tensor shapes: a mismatch means the recipe describes another model.
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "intermediate_size", "tie_word_embeddings", "num_experts", "moe_intermediate_size")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint path is missing, of no known format, or does not fit the recipe."""
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """What one evaluation measured (``eval.json``)."""
+
+    checkpoint: str
+    kind: CheckpointKind
+    recipe: str
+    mean_reward: float
+    num_tasks: int
+    num_samples: int
+    metrics: dict[str, float]  # eval/<task>/pass@<k>, eval/<task>/mean@<k>
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one metric a line."""
+        head = f"[hetrl] eval of {self.checkpoint} ({self.kind}): mean reward {self.mean_reward:.4f} over {self.num_samples} samples of {self.num_tasks} tasks"
+        return [head, *(f"  {name} = {value:.4f}" for name, value in sorted(self.metrics.items()))]
+
+
+# --------------------------------------------------------------------------- checkpoint formats
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[CheckpointKind, Path]:
+    """The checkpoint's format and the directory to read (a trainer root resolves to its latest step)."""
+    from hetrl.trainer.checkpoint import LATEST, latest_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file: pass an HF checkpoint directory or a run's checkpoints/ (or step_N/) directory")
+    if (path / "config.json").exists() and any(path.glob("*.safetensors")):
+        return "hf", path
+    if (path / LATEST).exists():
+        return "trainer", latest_checkpoint(path)
+    if (path / "metadata.json").exists() and (path / "common.pt").exists():
+        return "trainer", path
+    if path.name.endswith(".tmp"):
+        raise CheckpointError(f"{path} is an unfinished trainer checkpoint save (a .tmp directory): use a complete step_N directory")
+    raise CheckpointError(
+        f"{path} is neither an HF checkpoint (config.json + *.safetensors) nor a hetrl trainer checkpoint "
+        "(RUN/checkpoints with a 'latest' file, or a step_N directory with metadata.json + common.pt)"
+    )
+
+
+def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config.get(key) for key in _SHAPE_KEYS if config.get(key) is not None}
+
+
+def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> None:
+    """Raise if the HF config dict ``found`` (from ``where``) describes other shapes than ``model``."""
+    from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
+
+    expected, actual = _shape_of(hf_config_dict(model)), _shape_of(found)
+    wrong = [f"{key}: recipe {expected[key]}, checkpoint {actual[key]}" for key in expected if key in actual and actual[key] != expected[key]]
+    architectures = found.get("architectures") or []
+    if architectures and HF_ARCHITECTURES[model.arch] not in architectures:
+        wrong.append(f"architecture: recipe {HF_ARCHITECTURES[model.arch]} (model.arch={model.arch}), checkpoint {architectures}")
+    if wrong:
+        raise CheckpointError(f"the recipe's model: section does not match the checkpoint {where}: " + "; ".join(wrong)
+                              + ". Evaluate with the recipe (and model.* overrides) the checkpoint was trained with.")
+
+
+def _run_dir_of(step_dir: Path) -> Path:
+    """RUN for RUN/checkpoints/step_N (the layout of the trainer role)."""
+    return step_dir.parent.parent
+
+
+def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
+    """Compare the recipe's model with the run's saved config.yaml, when the checkpoint sits in a run."""
+    import yaml
+
+    from hetrl.config.loader import validate_tree
+    from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
+
+    run_config = _run_dir_of(step_dir) / "config.yaml"
+    if run_config.exists():
+        run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
+        found = {**hf_config_dict(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
+        check_model_shape(cfg.model, found, f"{step_dir} (per {run_config})")
+
+
+def _tokenizer_source(cfg: HetrlConfig, step_dir: Path) -> Path | None:
+    """Where the tokenizer of a trainer checkpoint comes from; None: the built-in character tokenizer."""
+    candidates = [_run_dir_of(step_dir) / "initial_model", cfg.model.tokenizer, cfg.model.hf_checkpoint]
+    for candidate in candidates:
+        if candidate and any((Path(candidate) / name).exists() for name in _TOKENIZER_FILES):
+            return Path(candidate)
+    if cfg.model.hf_checkpoint is None and cfg.model.tokenizer is None:
+        return None  # a random-init model of the recipe's shape uses the character tokenizer
+    raise CheckpointError(f"no tokenizer found for {step_dir}: looked in {[str(c) for c in candidates if c]}; set model.tokenizer=DIR")
+
+
+def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -> Path:
+    """Load a trainer checkpoint in this process (world of 1) and write it as an HF checkpoint to ``out_dir``."""
+    import torch
+    import torch.distributed as dist
+
+    from hetrl.loop.roles import free_port
+    from hetrl.models.tokenizer import save_char_tokenizer
+    from hetrl.trainer.checkpoint import load_checkpoint
+    from hetrl.trainer.exporter import save_hf_checkpoint
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+
+    tokenizer_dir = _tokenizer_source(cfg, step_dir)
+    owns_world = not dist.is_initialized()
+    if owns_world:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    elif dist.get_world_size() != 1:
+        raise RuntimeError(f"standalone eval runs in a torch.distributed world of 1; this process is in one of {dist.get_world_size()}")
+    single = cfg.trainer.model_copy(update={"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 1, "context_parallel": 1,
+                                             "sequence_parallel": False, "distributed_optimizer": False})
+    try:
+        trainer = PolicyTrainer(cfg.model, single, cfg.algorithm, seed=cfg.run.seed, with_reference=False)
+        try:
+            state = load_checkpoint(step_dir, trainer.model, load_rng=False, pg_collection=trainer.groups.pg_collection)
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise CheckpointError(f"could not load trainer checkpoint {step_dir} into the recipe's model ({error}); "
+                                  "is it the recipe (and model.* overrides) the checkpoint was trained with?") from error
+        save_hf_checkpoint(trainer.module, cfg.model, out_dir, copy_files_from=tokenizer_dir, pg_collection=trainer.groups.pg_collection)
+        if tokenizer_dir is None:
+            save_char_tokenizer(out_dir, cfg.model.vocab_size)
+        logger.info("exported %s (policy version %s) to %s", step_dir, state.extra.get("version"), out_dir)
+        del trainer
+    finally:
+        destroy_parallel(destroy_world=owns_world)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the engine that follows wants the memory
+    return out_dir
+
+
+# --------------------------------------------------------------------------- episodes
+
+
+def eval_sampling(cfg: HetrlConfig, eos_token_id: int) -> SamplingParams:
+    """The loop's eval sampling (``Orchestrator.sampling('eval')``): eval temperature, rollout limits."""
+    r = cfg.rollout
+    return SamplingParams(n=1, temperature=cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=[eos_token_id])
+
+
+async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams) -> list[Sample]:
+    """Every held-out episode at once on one engine; ids and seeds as the orchestrator makes them."""
+    from hetrl.env.registry import env_factory
+    from hetrl.env.runner import run_episode
+
+    make_env = env_factory(cfg.env)
+    waiting: dict[str, asyncio.Future] = {}
+    request_ids = itertools.count()
+
+    async def generate(prompt_ids: list[int], params: SamplingParams, **_: Any) -> GenerationResult:
+        request_id = f"eval-{next(request_ids)}"
+        waiting[request_id] = asyncio.get_running_loop().create_future()
+        engine.submit(GenerationRequest(request_id, prompt_ids, params))
+        return await waiting[request_id]
+
+    async def episode(task: Any, seed: int, sample_id: str, group_id: str) -> Sample:
+        env = make_env()
+        try:
+            return await run_episode(env, task, seed, generate, codec, SamplingParams(**{**sampling.__dict__, "seed": seed}),
+                                     cfg.env.max_turns, cfg.env.max_episode_tokens, sample_id, group_id)
+        finally:
+            await env.close()
+
+    jobs = [asyncio.ensure_future(episode(task, seed * 1000 + i, f"e{g}.{i}", f"e{g}"))
+            for g, (task, seed) in enumerate(tasks) for i in range(cfg.eval.k)]
+    while not all(job.done() for job in jobs):
+        failed = [job for job in jobs if job.done() and job.exception() is not None]
+        if failed:
+            raise failed[0].exception()
+        if engine.has_work():
+            for result in engine.poll():
+                waiting.pop(result.request_id).set_result(result)
+        await asyncio.sleep(0 if engine.has_work() else 0.001)
+    return [job.result() for job in jobs]
+
+
+def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) -> list[Sample]:
+    """Generate and score the held-out episodes with the weights of ``hf_dir``; samples in id order."""
+    from transformers import AutoTokenizer
+
+    from hetrl.env.chat import ChatCodec
+    from hetrl.reward.rubric import Rubric
+    from hetrl.rollout.engine import GenerationEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    engine = GenerationEngine(hf_dir, cfg.rollout, seed=cfg.run.seed)
+    try:
+        samples = asyncio.run(_run_episodes(engine, cfg, ChatCodec(tokenizer), tasks, eval_sampling(cfg, tokenizer.eos_token_id)))
+    finally:
+        engine.shutdown()
+    rubric = Rubric.from_config(cfg.reward)
+    try:
+        return [rubric.score(sample).apply_to(sample) for sample in samples]
+    finally:
+        rubric.close()
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Path | None = None) -> EvalReport:
+    """Evaluate ``checkpoint`` on the recipe's held-out tasks; write the report to ``out`` (default: into the checkpoint dir)."""
+    from hetrl.loop.driver import eval_tasks
+    from hetrl.monitor.eval import eval_metrics
+
+    kind, path = resolve_checkpoint(checkpoint)
+    if kind == "hf":
+        check_model_shape(cfg.model, json.loads((path / "config.json").read_text()), str(path))
+    else:
+        _check_trainer_checkpoint_shape(cfg, path)
+    tasks = eval_tasks(cfg)
+    if kind == "hf":
+        samples = evaluate_hf(cfg, path, tasks)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hetrl-eval-") as tmp:
+            samples = evaluate_hf(cfg, export_trainer_checkpoint(cfg, path, Path(tmp)), tasks)
+    report = EvalReport(
+        checkpoint=str(path), kind=kind, recipe=cfg.recipe, mean_reward=sum(s.reward for s in samples) / len(samples),
+        num_tasks=len(tasks), num_samples=len(samples), metrics=eval_metrics(samples, ks=sorted({1, cfg.eval.k})),
+    )
+    target = Path(out) if out is not None else path / EVAL_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(asdict(report), indent=1))
+    return report
