@@ -73,7 +73,7 @@ def het_commands(srun_words: list[str]) -> list[list[str]]:
             current.append(word)
     parts.append(current)
     first = parts[0]
-    start = next((i for i, w in enumerate(first) if w.startswith("--het-group=")), 3)  # 3 common options
+    start = next((i for i, w in enumerate(first) if w.startswith("--het-group=")), 4)  # 4 common options
     parts[0] = first[start:]
     return parts
 
@@ -99,7 +99,7 @@ def test_components_match_the_plan(nodes: int, tmp_path: Path) -> None:
             assert group.get(key) == getattr(cfg.cluster, key)
         assert group.get("constraint") == (cfg.cluster.constraint if component.gpus_per_node else None)
     assert sum(c.nodes for c in plan.components if c.gpus_per_node) == nodes
-    assert srun[:4] == ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "--label"]
+    assert srun[:5] == ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "--label", "--open-mode=append"]
     commands = het_commands(srun)
     assert [c[0] for c in commands] == [f"--het-group={i}" for i in range(len(plan.components))]
     for command, component, group in zip(commands, plan.components, groups):

@@ -175,7 +175,9 @@ def _vars(cluster: ClusterConfig, run_dir: str, python: str) -> str:
 
 def _launch(components: tuple[Component, ...], cluster: ClusterConfig) -> str:
     """The single srun het step: ``--het-group=i`` per component, colon-separated (MPMD form)."""
-    head = "srun --mpi=pmi2 --kill-on-bad-exit=1 --label"
+    # --open-mode=append: a requeued job's ranks add to the component logs instead of truncating
+    # them, so the pre-empted run's last words survive next to the resumed run's.
+    head = "srun --mpi=pmi2 --kill-on-bad-exit=1 --label --open-mode=append"
     if len(components) == 1:
         return f"{head} {_component_command(components[0], cluster)} &"
     parts = [f"--het-group={i} {_component_command(c, cluster)}" for i, c in enumerate(components)]
