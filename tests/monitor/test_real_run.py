@@ -1,0 +1,150 @@
+"""The monitoring stack on a real tiny run through ``launch.py`` (MPI roles, vLLM engine, Megatron trainer).
+
+One run is shared by the module: GRPO with the math reward plus a length penalty (a dense reward:
+every step has non-zero advantages, so the weights really change and rewards differ between
+checkpoints), an entropy bonus (so ``entropy`` is emitted) and the entropy-collapse guard rigged to
+``warn`` on every step. A second, shorter run rigs the same guard to ``stop``. Both take minutes
+on 2 cores: the whole module is slow.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetrl.monitor import names
+from hetrl.monitor.rollout_store import RolloutReader
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, PROMPTS, GROUP = 3, 4, 4
+WORKLOAD = [
+    "recipe=tiny_grpo", f"run.steps={STEPS}", "warm_start.steps=2", f"run.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
+    "eval.num_tasks=8", "reward.functions=[{name: math, kwargs: {answer_tag: answer}}, {name: length, kwargs: {target_tokens: 8}}]",
+    "algorithm.entropy_coef=0.001", "monitor.guards.stalled_role.enabled=false", "monitor.rollout_store.flush_every=8",
+]
+ENTROPY_RIG = ["monitor.guards.entropy_collapse.min_entropy=100", "monitor.guards.entropy_collapse.patience=1"]
+# Loop-level metrics every RL step must carry (documented names, hetrl.monitor.names).
+EVERY_STEP = [
+    names.REWARD_MEAN, names.REWARD_STD, "reward/math/mean", "reward/length/mean", names.RESPONSE_LENGTH_MEAN,
+    names.RESPONSE_LENGTH_TRUNCATED_FRAC, names.LOSS_POLICY, names.GRAD_NORM, names.ENTROPY, names.time_phase("generate"),
+    names.time_phase("train"), names.TIME_STEP, "staleness/mean", "staleness/max",
+]
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
+
+
+def run_cli(args: list[str], timeout_s: float = 1200) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def launch(output_dir: Path, extra: list[str]) -> tuple[Path, subprocess.CompletedProcess]:
+    proc = run_cli(["launch.py", *WORKLOAD, *extra, f"run.output_dir={output_dir}"])
+    return output_dir / "tiny_grpo", proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    run_dir, proc = launch(tmp_path_factory.mktemp("real"), [*ENTROPY_RIG, "monitor.guards.entropy_collapse.action=warn"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
+def test_metrics_have_the_documented_names(tiny_run):
+    rows = read_metrics(tiny_run)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    for row in rows:
+        for name in row:
+            if name not in ("step", "time"):
+                names.check_name(name)  # raises on an undocumented name
+        missing = [n for n in EVERY_STEP if n not in row]
+        assert not missing, f"step {row['step']} lacks {missing}"
+    assert any(r[names.GRAD_NORM] > 0 for r in rows), "a dense reward must give non-zero gradients"
+
+
+def test_tensorboard_readable_by_tensorboard(tiny_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tiny_run / "tensorboard"))
+    acc.Reload()
+    rows = read_metrics(tiny_run)
+    for name in (names.REWARD_MEAN, names.ENTROPY, names.GRAD_NORM):
+        events = acc.Scalars(name)
+        assert [e.step for e in events] == list(range(STEPS))
+        assert [e.value for e in events] == pytest.approx([r[name] for r in rows], rel=1e-6)
+
+
+def test_rollouts_match_what_was_trained(tiny_run):
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    reader = RolloutReader(tiny_run / "rollouts")
+    rows = reader.rows()
+    assert len(rows) == summary["samples"]["issued"] - summary["samples"]["dropped"] == STEPS * PROMPTS * GROUP
+    assert len({r.sample_id for r in rows}) == len(rows)
+    metrics = read_metrics(tiny_run)
+    for step in range(STEPS):
+        rewards = [r.reward for r in rows if r.step == step]
+        assert sum(rewards) / len(rewards) == pytest.approx(metrics[step][names.REWARD_MEAN], abs=1e-9)
+    record = reader.records(step=0)[0]
+    assert len(record.sample.completion_ids) == len(record.sample.logprobs) == len(record.sample.loss_mask) > 0
+
+
+def test_inspect_worst(tiny_run):
+    proc = run_cli(["-m", "hetrl.inspect", str(tiny_run), "--worst", "3"], timeout_s=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 rollouts" in proc.stdout
+    as_json = run_cli(["-m", "hetrl.inspect", str(tiny_run), "--worst", "3", "--json"], timeout_s=300)
+    worst = [json.loads(line)["reward"] for line in as_json.stdout.splitlines() if line.strip()]
+    lowest = sorted(r.reward for r in RolloutReader(tiny_run / "rollouts").rows())[:3]
+    assert sorted(worst) == pytest.approx(lowest)
+
+
+def test_plot(tiny_run, tmp_path):
+    proc = run_cli(["-m", "hetrl.plot", str(tiny_run), "--out", str(tmp_path)], timeout_s=300)
+    assert proc.returncode == 0, proc.stderr
+    for panel in ("reward", "length", "entropy"):
+        png = tmp_path / f"{panel}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "reward/length/mean" in proc.stdout
+
+
+def test_warn_guard_fires_and_the_run_goes_on(tiny_run):
+    alerts = [json.loads(line) for line in (tiny_run / "alerts.jsonl").read_text().splitlines()]
+    entropy = [a for a in alerts if a["guard"] == "entropy_collapse"]
+    assert entropy and all(a["action"] == "warn" for a in entropy)
+    assert (tiny_run / "summary.json").exists()
+
+
+def test_stop_guard_stops_the_run(tmp_path):
+    run_dir, proc = launch(tmp_path, [*ENTROPY_RIG, "monitor.guards.entropy_collapse.action=stop", "warm_start.steps=0", "eval.num_tasks=2"])
+    assert proc.returncode != 0
+    assert "GuardStop" in proc.stdout + proc.stderr and "entropy_collapse" in proc.stdout + proc.stderr
+    alerts = [json.loads(line) for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["guard"], a["action"], a["step"]) for a in alerts] == [("entropy_collapse", "stop", 0)]
+    assert [r["step"] for r in read_metrics(run_dir)] == [0]  # the step that tripped it is on disk, no later one
+    assert not (run_dir / "summary.json").exists()
+
+
+def eval_cli(run_dir: Path, checkpoint: Path, out: Path) -> dict:
+    proc = run_cli(["launch.py", "eval", f"recipe={run_dir / 'config.yaml'}", f"checkpoint={checkpoint}", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "mean reward" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_standalone_eval_reproduces_the_runs_evals(tiny_run, tmp_path):
+    """Same weights, same held-out draw, greedy: the same mean reward as the loop's own eval."""
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    before = eval_cli(tiny_run, tiny_run / "initial_model", tmp_path / "before.json")
+    assert before["kind"] == "hf" and before["num_samples"] == 8
+    assert before["mean_reward"] == pytest.approx(summary["eval_before"], abs=1e-9)
+    after = eval_cli(tiny_run, tiny_run / "checkpoints", tmp_path / "after.json")
+    assert after["kind"] == "trainer" and after["checkpoint"].endswith(f"step_{STEPS + 2:08d}")
+    assert after["mean_reward"] == pytest.approx(summary["eval_after"], abs=1e-9)
+    assert after["mean_reward"] != pytest.approx(before["mean_reward"], abs=1e-9), "training changed nothing: the comparison proves nothing"
+    assert set(after["metrics"]) == {"eval/reasoning_gym.basic_arithmetic/pass@1", "eval/reasoning_gym.basic_arithmetic/mean@1"}
