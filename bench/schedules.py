@@ -1,0 +1,61 @@
+"""Step time of the sync, one-step-off and async schedules on the same workload: `python bench/schedules.py`.
+
+Each schedule runs the real loop (`launch.py recipe=tiny_grpo`, every role its own process) with
+disaggregated placement, so generation and training each get one of the two cores and can overlap.
+The workload is tuned so that generating a step and training on it cost about the same. Reported:
+median step time per schedule (steps after the first two), the speedups over sync, and the async
+step time over max(generation time, training time) measured in the sync run, where the two phases
+do not overlap. Headline: async speedup over sync (goal >= 1.6x; ratio to max() <= 1.15).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 10
+WORKLOAD = [
+    f"run.steps={STEPS}", "warm_start.steps=0", "eval.num_tasks=4", "run.prompts_per_step=8", "algorithm.group_size=8",
+    "rollout.placement=disaggregated", "rollout.max_tokens=24", "rollout.partial_rollout=true",
+    "run.threads_per_process=1", "monitor.rollout_store.enabled=false", "checkpoint.every=0",
+]
+SCHEDULES = {
+    "sync": ["schedule.type=sync"],
+    "one_step_off": ["schedule.type=one_step_off", "schedule.max_staleness=1"],
+    "async": ["schedule.type=async", "schedule.max_staleness=2"],
+}
+
+
+def run(schedule: str, out: Path) -> list[dict]:
+    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}",
+           *WORKLOAD, *SCHEDULES[schedule]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"{schedule} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return [json.loads(line) for line in (out / schedule / "metrics.jsonl").read_text().splitlines()]
+
+
+def median_of(metrics: list[dict], key: str) -> float:
+    return statistics.median(m[key] for m in metrics[2:] if key in m)
+
+
+def main() -> None:
+    out = Path(tempfile.mkdtemp(prefix="hetrl-bench-schedules-"))
+    results = {name: run(name, out) for name in SCHEDULES}
+    step = {name: median_of(m, "time/step") for name, m in results.items()}
+    generate, train = median_of(results["sync"], "time/generate"), median_of(results["sync"], "time/train")
+    bound = max(generate, train)
+    for name in SCHEDULES:
+        print(f"{name:>13}: {step[name]:.2f} s/step (speedup over sync {step['sync'] / step[name]:.2f}x)")
+    print(f"sync phases: generate {generate:.2f} s, train {train:.2f} s; async / max(generate, train) = {step['async'] / bound:.2f} (goal <= 1.15)")
+    print(f"schedules: {step['sync'] / step['async']:.2f}x (goal >= 1.6x)")
+
+
+if __name__ == "__main__":
+    main()
