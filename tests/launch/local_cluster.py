@@ -16,6 +16,9 @@ def cluster_down_reason() -> str:
     states = set(done.stdout.split())
     if done.returncode or not states or not states <= {"idle", "mixed", "allocated", "planned", "completing"}:
         return f"nodes not up ({done.stderr.strip() or sorted(states)})"
+    accounting = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True)
+    if accounting.returncode:  # job states after a job ends come only from slurmdbd (and its MariaDB)
+        return f"accounting down (sacct: {accounting.stderr.strip().splitlines()[-1] if accounting.stderr.strip() else accounting.returncode})"
     return ""
 
 
