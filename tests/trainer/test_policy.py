@@ -91,3 +91,28 @@ def _schedule(rank: int, world_size: int) -> list[float]:
 def test_lr_warms_up_then_decays(two_ranks) -> None:
     lrs = two_ranks.run(_schedule)[0]
     assert lrs == pytest.approx([5e-4, 1e-3, 5.5e-4, 1e-4])
+
+
+def _reset(rank: int, world_size: int) -> dict:
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+
+    tcfg = TrainerConfig(precision="fp32", lr=1e-3, lr_warmup_steps=2, lr_decay_style="linear", micro_batch_size=8)
+    model = ModelConfig(arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1)
+    trainer = PolicyTrainer(model, tcfg, AlgorithmConfig(group_size=2), total_steps=4)
+    try:
+        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size), [1.0, -1.0, 1.0, -1.0])
+        before = [trainer.train_step(batch)["lr"] for _ in range(3)]
+        trainer.reset_optimizer(total_steps=4)
+        states = [s for group in trainer.optimizer.get_parameters() for s in [trainer.optimizer.optimizer.state.get(group)] if s]
+        after = [trainer.train_step(batch)["lr"] for _ in range(2)]
+        return {"before": before, "after": after, "fresh_state": len(states)}
+    finally:
+        destroy_parallel()
+
+
+def test_reset_optimizer_starts_a_new_stage(two_ranks) -> None:
+    result = two_ranks.run(_reset)[0]
+    assert result["before"] == pytest.approx([5e-4, 1e-3, 5e-4])
+    assert result["fresh_state"] == 0  # no Adam moments carried over
+    assert result["after"] == pytest.approx([5e-4, 1e-3])  # the warmup runs again

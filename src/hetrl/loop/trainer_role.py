@@ -67,6 +67,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
         trainer.sync_reference()  # the reference is the initial policy, also after a resume
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
+    previous_supervised = False
     while True:
         message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
@@ -82,6 +83,9 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
+        if previous_supervised and not message.supervised:
+            trainer.reset_optimizer(total_steps=cfg.run.steps)  # RL is a new stage: fresh Adam moments
+        previous_supervised = message.supervised
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
         batch = trainer.make_batch(message.samples, _padded(message.advantages))
         metrics = trainer.train_step(batch)
