@@ -1,6 +1,6 @@
 import pytest
 
-from hetrl.reward.shaping import FormatReward, LengthPenalty, OverlongPenalty, RepetitionPenalty
+from hetrl.reward.shaping import FormatReward, LengthPenalty, NumericCloseness, OverlongPenalty, RepetitionPenalty
 from hetrl.types import Sample
 
 
@@ -40,3 +40,24 @@ def test_invalid_arguments():
         OverlongPenalty(10, 20)
     with pytest.raises(ValueError):
         RepetitionPenalty(ngram=0)
+
+
+@pytest.mark.parametrize(
+    "completion, answer, expected, flag",
+    [
+        ("<answer>12</answer>", "12", 1.0, None),
+        ("<answer>9</answer>", "12", 0.7, None),  # 1 - 3/10
+        ("<answer>40</answer>", "12", 0.0, None),  # further than the scale: no credit, never negative
+        ("<answer>1</answer> <answer>12</answer>", "12", 1.0, None),  # the last tagged answer counts
+        ("12", "12", 0.0, "closeness/no_number"),  # outside the tags
+        ("<answer>12 or 13</answer>", "12", 0.0, "closeness/no_number"),  # not a plain number
+        ("<answer>3</answer>", "x+1", 0.0, "closeness/reference_not_numeric"),
+    ],
+)
+def test_numeric_closeness(completion, answer, expected, flag):
+    sample = Sample("s", "g", "t", [1], [2], [1], [0.0], [0], completion_text=completion, answer=answer)
+    value = NumericCloseness(scale=10.0)(sample)
+    assert value.score == pytest.approx(expected)
+    assert value.flags == ([flag] if flag else [])
+    with pytest.raises(ValueError):
+        NumericCloseness(scale=0)

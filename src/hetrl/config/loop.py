@@ -48,5 +48,6 @@ class CheckpointConfig(Section):
 class WarmStartConfig(Section):
     steps: int = Field(0, ge=0, description="Supervised steps on demonstrations before RL (0 = start RL from the initial weights).")
     batch_size: int = Field(64, ge=1, description="Demonstrations per warm-start step.")
+    lr: float = Field(1e-3, gt=0.0, description="Learning rate of the warm start (a stage of its own: RL then starts with a fresh optimizer at trainer.lr).")
     template: str = Field("\\boxed{{{answer}}}", description="How a demonstration answers: a format string with {answer} (the task's reference answer).")
     seed_offset: int = Field(7919, description="Demonstration tasks come from the training source with seed run.seed + this (not the eval draw).")

@@ -111,10 +111,14 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
         orch.top_up(target)  # the next step's generation overlaps this step's training
     batch.sort(key=lambda group: id_order(group[0].sample_id))  # completion order varies; training must not
     samples = [s for g in batch for s in g]
+    generated = sum(sum(s.loss_mask) for s in samples)
+    monitor.progress("rollout", tokens=generated)
+    monitor.progress("reward", tokens=generated)
     monitor.log(step, {**staleness_metrics(samples, orch.version, int(drop_metrics["staleness/dropped"]))})
-    monitor.record_rollouts(step, samples)
     with monitor.timer(step, "train"):
         done = orch.train(step, batch)
+    monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
+    monitor.record_rollouts(step, samples, trainer_logprobs=done.trainer_logprobs)
     monitor.log(step, done.metrics)
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         monitor.log(step, orch.evaluate(held_out)[1])

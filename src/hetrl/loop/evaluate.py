@@ -183,9 +183,10 @@ def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -
 
 
 def eval_sampling(cfg: HetrlConfig, eos_token_id: int) -> SamplingParams:
-    """The loop's eval sampling (``Orchestrator.sampling('eval')``): eval temperature, rollout limits."""
-    r = cfg.rollout
-    return SamplingParams(n=1, temperature=cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=[eos_token_id])
+    """The loop's eval sampling, from the one definition the orchestrator uses too."""
+    from hetrl.loop.orchestrator import sampling_for
+
+    return sampling_for(cfg, "eval", eos_token_id)
 
 
 async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams) -> list[Sample]:

@@ -53,6 +53,15 @@ class _Ledger:
         return self.issued - self.trained - self.dropped - in_flight
 
 
+def sampling_for(cfg: HetrlConfig, purpose: str, eos_token_id: int) -> SamplingParams:
+    """Sampling of training rollouts (the recipe's rollout keys) or of evaluation (eval temperature)."""
+    r = cfg.rollout
+    if purpose == "eval":
+        return SamplingParams(n=1, temperature=cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=[eos_token_id])
+    return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=r.stop,
+                          stop_token_ids=[eos_token_id])
+
+
 def group_lag(group: list[Sample], trainer_version: int) -> int:
     """Policy versions between the trainer and the group's oldest sampled token (0 if none was sampled)."""
     versions = [s.min_version for s in group if s.min_version >= 0]
@@ -83,11 +92,7 @@ class Orchestrator:
     # ------------------------------------------------------------------ dispatch
 
     def sampling(self, purpose: str) -> SamplingParams:
-        r = self.cfg.rollout
-        stop_ids = [self.tokenizer.eos_token_id]
-        if purpose == "eval":
-            return SamplingParams(n=1, temperature=self.cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=stop_ids)
-        return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=stop_ids)
+        return sampling_for(self.cfg, purpose, self.tokenizer.eos_token_id)
 
     def new_groups(self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str) -> list[list[EpisodeItem]]:
         groups = []
@@ -98,10 +103,16 @@ class Orchestrator:
         return groups
 
     def dispatch(self, groups: list[list[EpisodeItem]], purpose: str) -> None:
-        """Send each group to the least-loaded engine (a group stays together: shared prompt cache)."""
-        sampling = self.sampling(purpose)
+        """Give each group to the least-loaded engine (a group stays together: shared prompt cache).
+
+        Each engine gets its share in ONE message, so it starts all of it in the same decoding step:
+        the engine's batches then do not depend on message timing, which keeps sync runs
+        reproducible to the bit (vLLM's numerics depend on the batch a sequence is decoded in).
+        """
+        per_engine: dict[int, list[EpisodeItem]] = defaultdict(list)
         for group in groups:
             engine = min(self.engines, key=lambda r: self.engine_load[r])
+            per_engine[engine].extend(group)
             for item in group:
                 self.ledger.dispatched[item.sample_id] = item
                 self.ledger.at_engine[item.sample_id] = engine
@@ -109,7 +120,9 @@ class Orchestrator:
                 if purpose == "train":
                     self.ledger.issued.add(item.sample_id)
             self.engine_load[engine] += len(group)
-            send(self.ctx.world, RolloutWork(group, sampling, purpose), engine, Tag.WORK)
+        sampling = self.sampling(purpose)
+        for engine, items in per_engine.items():
+            send(self.ctx.world, RolloutWork(items, sampling, purpose), engine, Tag.WORK)
 
     # ------------------------------------------------------------------ message pump
 

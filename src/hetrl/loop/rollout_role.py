@@ -132,8 +132,12 @@ class RolloutWorker:
     async def run(self) -> None:
         orchestrator = self.ctx.orchestrator_rank
         while not self.stop:
+            got_work = False
             while (got := poll(self.ctx.world, orchestrator, Tag.WORK)) is not None:
                 self._handle(got[0])
+                got_work = True
+            if got_work:
+                await asyncio.sleep(0)  # new episodes submit their first turn before the engine steps
             busy = self._step_engine()
             await asyncio.sleep(0 if busy or self._tasks else _IDLE_SLEEP_S)
             if self._errors:

@@ -67,7 +67,9 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
         trainer.sync_reference()  # the reference is the initial policy, also after a resume
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
-    previous_supervised = False
+    stage_cfg = {"rl": cfg.trainer, "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0})}
+    stage_steps = {"rl": cfg.run.steps, "supervised": cfg.warm_start.steps}
+    stage = "rl"  # the optimizer PolicyTrainer built
     while True:
         message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
@@ -78,19 +80,24 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             continue
         if isinstance(message, Restore):
             version, loop_state = _restore(trainer, message.path)
+            # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
+            stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
             _reply(ctx, sender, Restored(version, loop_state))
             _push_weights(trainer, cfg, sender, version)
             continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
-        if previous_supervised and not message.supervised:
-            trainer.reset_optimizer(total_steps=cfg.run.steps)  # RL is a new stage: fresh Adam moments
-        previous_supervised = message.supervised
+        wanted = "supervised" if message.supervised else "rl"
+        if wanted != stage:  # a new stage: fresh Adam moments and the stage's own LR schedule
+            trainer.reset_optimizer(total_steps=stage_steps[wanted], trainer_cfg=stage_cfg[wanted])
+            stage = wanted
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
         batch = trainer.make_batch(message.samples, _padded(message.advantages))
-        metrics = trainer.train_step(batch)
+        old_logprobs = trainer.compute_logprobs(batch)  # the step's starting policy, on every rank
+        metrics = trainer.train_step(batch, old_logprobs=old_logprobs)
         version += 1
-        _reply(ctx, sender, TrainDone(message.step, version, metrics))
+        trainer_logprobs = [old_logprobs[i, : len(s.completion_ids)].tolist() for i, s in enumerate(message.samples)]
+        _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
         _push_weights(trainer, cfg, sender, version)
 
 

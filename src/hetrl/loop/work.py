@@ -61,6 +61,8 @@ class TrainDone:
     step: int
     version: int
     metrics: dict[str, float]
+    # The trainer's log-probs of each sample's completion before the update (engine vs trainer mismatch).
+    trainer_logprobs: list[list[float]] | None = None
 
 
 @dataclass

@@ -81,3 +81,29 @@ class RepetitionPenalty:
         ratio = 1.0 - len(set(grams)) / len(grams)
         score = -self.coef * ratio if ratio > self.threshold else 0.0
         return RewardValue(score, ["repetition/degenerate"] if score else [], {"repetition/ratio": ratio})
+
+
+class NumericCloseness:
+    """Partial credit for a numeric answer: ``max(0, 1 - |answer - reference| / scale)``.
+
+    A dense signal for policies that rarely hit the exact answer yet (tiny models, the start of a
+    run): GRPO then compares "closer" with "further" instead of seeing all-zero groups. The answer
+    must stand inside ``<tag>...</tag>`` (the last one counts); anything that is not a plain number
+    scores 0, so the term cannot be earned by formatting tricks.
+    """
+
+    def __init__(self, scale: float = 10.0, answer_tag: str = "answer") -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        self.scale = scale
+        self.pattern = re.compile(rf"<{re.escape(answer_tag)}>\s*(-?\d+(?:\.\d+)?)\s*</{re.escape(answer_tag)}>")
+
+    def __call__(self, sample: Sample) -> RewardValue:
+        found = self.pattern.findall(sample.completion_text)
+        try:
+            reference = float(str(sample.answer).strip())
+        except ValueError:
+            return RewardValue(0.0, ["closeness/reference_not_numeric"])
+        if not found:
+            return RewardValue(0.0, ["closeness/no_number"])
+        return RewardValue(max(0.0, 1.0 - abs(float(found[-1]) - reference) / self.scale))

@@ -86,5 +86,6 @@ def build_optimizer(ddp_model, trainer_cfg: TrainerConfig, *, total_steps: int |
         end_wd=trainer_cfg.weight_decay,
         wd_incr_steps=decay_steps,
         wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=True,  # a resumed run continues the schedule it saved
     )
     return optimizer, scheduler

@@ -78,13 +78,15 @@ class PolicyTrainer:
             self.sync_reference()
         self.step = 0
 
-    def reset_optimizer(self, total_steps: int | None) -> None:
+    def reset_optimizer(self, total_steps: int | None, trainer_cfg: TrainerConfig | None = None) -> None:
         """A fresh optimizer and LR schedule for a new training stage (RL after a supervised warm start).
 
         Adam's second moments remember ~1/(1 - beta2) steps of squared gradients: carried over from
         likelihood training, whose gradients are orders of magnitude larger than policy-gradient
-        ones, they would shrink every RL update to almost nothing.
+        ones, they would shrink every RL update to almost nothing. ``trainer_cfg`` (default: the
+        current one) gives the stage its own learning rate and schedule.
         """
+        self.trainer_cfg = trainer_cfg or self.trainer_cfg
         self.optimizer, self.scheduler = build_optimizer(self.model, self.trainer_cfg, total_steps=total_steps,
                                                          pg_collection=self.groups.pg_collection)
 
