@@ -297,7 +297,7 @@ class Orchestrator:
         lost = self.ledger.unaccounted(waiting)
         if lost:
             raise RuntimeError(f"{len(lost)} training sample id(s) are unaccounted for, e.g. {sorted(lost)[:5]}")
-        return {"issued": len(self.ledger.issued), "trained": len(self.ledger.trained), "dropped": len(self.ledger.dropped),
+        return {"issued": len(self.ledger.issued), "trained": len(self.ledger.trained & self.ledger.issued), "dropped": len(self.ledger.dropped),
                 "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
                 "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
 
