@@ -56,8 +56,9 @@ def test_resolve_errors(tmp_path):
 def test_model_shape_check():
     model = load_config("tiny_grpo").model
     check_model_shape(model, {**hf_config_dict(model), "architectures": ["LlamaForCausalLM"]}, "x")
-    with pytest.raises(CheckpointError, match="hidden_size: recipe 128, checkpoint 256"):
-        check_model_shape(model, {**hf_config_dict(model), "hidden_size": 256}, "x")
+    wider = 2 * model.hidden_size
+    with pytest.raises(CheckpointError, match=f"hidden_size: recipe {model.hidden_size}, checkpoint {wider}"):
+        check_model_shape(model, {**hf_config_dict(model), "hidden_size": wider}, "x")
     with pytest.raises(CheckpointError, match="architecture"):
         check_model_shape(model, {**hf_config_dict(model), "architectures": ["Qwen2ForCausalLM"]}, "x")
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["run.steps=3", "warm_start.steps=0", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=4"]
+# Two minibatches per step also exercises the PPO-style update path (old log-probs from the step's start).
+SMALL = ["run.steps=3", "warm_start.steps=0", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=4",
+         "trainer.updates_per_batch=2"]
 
 pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
 

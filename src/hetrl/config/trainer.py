@@ -20,9 +20,6 @@ class TrainerConfig(Section):
         "auto", description="Layer implementation: transformer_engine on GPU when installed, local otherwise (auto)."
     )
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass on one DP rank.")
-    global_batch_size: int | None = Field(
-        None, ge=1, description="Sequences per optimizer step across all DP ranks; null = one step per rollout batch (prompts x group_size)."
-    )
     lr: float = Field(1e-6, gt=0.0, description="Peak learning rate.")
     min_lr: float = Field(0.0, ge=0.0, description="Learning rate at the end of the decay.")
     lr_warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup.")
@@ -36,7 +33,9 @@ class TrainerConfig(Section):
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
     grad_clip: float = Field(1.0, ge=0.0, description="Global grad-norm clip (0 disables).")
     distributed_optimizer: bool = Field(True, description="Shard optimizer state across DP ranks (Megatron distributed optimizer).")
-    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps (PPO epochs x minibatches) taken on each rollout batch.")
+    updates_per_batch: int = Field(
+        1, ge=1, description="Optimizer steps per rollout batch: the batch is split into this many minibatches (whole groups), all scored by the policy the step started from (PPO's ratio then departs from 1)."
+    )
     pack_length: int | None = Field(
         None, ge=16, description="Pack several samples into rows of at most this many tokens (local layer spec); null = one sample per row, right-padded."
     )

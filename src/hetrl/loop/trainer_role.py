@@ -68,7 +68,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
     stage_cfg = {"rl": cfg.trainer, "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0})}
-    stage_steps = {"rl": cfg.run.steps, "supervised": cfg.warm_start.steps}
+    stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
     stage = "rl"  # the optimizer PolicyTrainer built
     while True:
         message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
@@ -92,13 +92,30 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             trainer.reset_optimizer(total_steps=stage_steps[wanted], trainer_cfg=stage_cfg[wanted])
             stage = wanted
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
-        batch = trainer.make_batch(message.samples, _padded(message.advantages))
-        old_logprobs = trainer.compute_logprobs(batch)  # the step's starting policy, on every rank
-        metrics = trainer.train_step(batch, old_logprobs=old_logprobs)
+        metrics, trainer_logprobs = _train_on(trainer, message, 1 if message.supervised else cfg.trainer.updates_per_batch)
         version += 1
-        trainer_logprobs = [old_logprobs[i, : len(s.completion_ids)].tolist() for i, s in enumerate(message.samples)]
         _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
         _push_weights(trainer, cfg, sender, version)
+
+
+def _train_on(trainer: Any, work: TrainWork, num_minibatches: int) -> tuple[dict[str, float], list[list[float]]]:
+    """Optimizer steps on contiguous minibatches of the step's batch; metrics averaged over them.
+
+    Every minibatch is scored by the policy the step started from (before any update), which is
+    what PPO's ratio and clipping compare against; those log-probs also go back for the
+    engine-vs-trainer mismatch metrics.
+    """
+    n = len(work.samples)
+    if num_minibatches > n:
+        raise ValueError(f"trainer.updates_per_batch={num_minibatches} exceeds the {n} samples of a step")
+    bounds = [n * k // num_minibatches for k in range(num_minibatches + 1)]
+    chunks = [(work.samples[a:b], work.advantages[a:b]) for a, b in zip(bounds, bounds[1:])]
+    batches = [trainer.make_batch(samples, _padded(advantages)) for samples, advantages in chunks]
+    old = [trainer.compute_logprobs(batch) for batch in batches]  # all before the first update
+    per_step = [trainer.train_step(batch, old_logprobs=lp) for batch, lp in zip(batches, old)]
+    metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
+    logprobs = [lp[i, : len(s.completion_ids)].tolist() for (samples, _), lp in zip(chunks, old) for i, s in enumerate(samples)]
+    return metrics, logprobs
 
 
 def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
