@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
 WORKLOAD = [
     f"run.steps={STEPS}", "warm_start.steps=0", "eval.num_tasks=4", "run.prompts_per_step=8", "algorithm.group_size=8",
-    "rollout.placement=disaggregated", "rollout.max_tokens=24", "rollout.partial_rollout=true",
+    "rollout.placement=disaggregated", "rollout.max_tokens=64", "env.max_episode_tokens=200", "rollout.partial_rollout=true",
     "run.threads_per_process=1", "monitor.rollout_store.enabled=false", "checkpoint.every=0",
 ]
 SCHEDULES = {
