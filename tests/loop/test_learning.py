@@ -33,3 +33,7 @@ def test_tiny_grpo_improves_held_out_reward(tmp_path, schedule):
     # RL on top of the warm start: the policy's own samples score higher at the end than at the start
     # (5 steps x 128 samples each side; the held-out gain of RL alone is within the eval's noise).
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.04, rewards
+    # No sample older than the bound was trained on (staleness/max comes from the per-token versions).
+    bound = 0 if schedule == ["schedule.type=sync"] else 2
+    lags = [json.loads(line).get("staleness/max", 0.0) for line in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert max(lags) <= bound, lags
