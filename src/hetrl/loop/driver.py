@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.monitor import names
 from hetrl.control.comm import RoleContext
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
@@ -106,7 +107,7 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     target = cfg.run.prompts_per_step * (1 + look_ahead)
     with monitor.timer(step, "generate"):
         orch.top_up(target)
-        batch, drop_metrics = orch.collect_batch(max_lag, target)
+        batch, dropped_stale, dropped_uninformative = orch.collect_batch(max_lag, target)
     if look_ahead:
         orch.top_up(target)  # the next step's generation overlaps this step's training
     batch.sort(key=lambda group: id_order(group[0].sample_id))  # completion order varies; training must not
@@ -114,7 +115,8 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     generated = sum(sum(s.loss_mask) for s in samples)
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
-    monitor.log(step, {**staleness_metrics(samples, orch.version, int(drop_metrics["staleness/dropped"]))})
+    monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale),
+                       names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative)})
     with monitor.timer(step, "train"):
         done = orch.train(step, batch)
     monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))

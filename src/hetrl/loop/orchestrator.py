@@ -245,7 +245,7 @@ class Orchestrator:
             self.dispatch(self.new_groups(tasks, self.cfg.algorithm.group_size, "train"), "train")
             self._train_groups_open += missing
 
-    def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], dict[str, float]]:
+    def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], int, int]:
         """Wait for ``prompts_per_step`` fresh groups; drop stale ones and (DAPO) all-equal ones, refilling."""
         want = self.cfg.run.prompts_per_step
         batch: list[list[Sample]] = []
@@ -257,7 +257,7 @@ class Orchestrator:
             group = self.ready.pop(0)
             lag = group_lag(group, self.version)
             if lag > max_lag:
-                dropped_stale += 1
+                dropped_stale += len(group)
             elif self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0:
                 dropped_equal += 1
                 draws_left -= 1
@@ -267,7 +267,7 @@ class Orchestrator:
             self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
             self.ledger.dropped.update(s.sample_id for s in group)
             self.top_up(target_groups + len(batch))
-        return batch, {"staleness/dropped": float(dropped_stale), "dynamic_sampling/dropped_groups": float(dropped_equal)}
+        return batch, dropped_stale, dropped_equal
 
     # ------------------------------------------------------------------ checkpoint state
 

@@ -112,6 +112,7 @@ MISMATCH_MAX_ABS_LOGPROB_DIFF = _spec(
 STALENESS_MEAN = _spec("staleness/mean", "Mean policy lag (trainer version - oldest token version) of trained samples.", "versions")
 STALENESS_MAX = _spec("staleness/max", "Largest policy lag among trained samples.", "versions")
 STALENESS_DROPPED = _spec("staleness/dropped", "Samples dropped this step for exceeding the staleness bound.", "samples")
+DYNAMIC_SAMPLING_DROPPED = _spec("dynamic_sampling/dropped_groups", "Groups dropped this step by DAPO dynamic sampling (all rewards equal) and refilled.", "groups")
 
 # --- throughput and time ---
 _spec("throughput/<role>_tokens_per_s", "Tokens processed per second by one role (generated, scored or trained).", "tokens/s", "any role")
