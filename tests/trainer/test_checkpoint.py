@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,13 @@ def _resume_job(rank: int, world_size: int, root: Path) -> dict:
         for _ in range(3):
             trainer.train_step(batch)
         with may_start_processes():
+            checkpoint.start_checkpoint_writer()
+            # Slurm's pre-emption SIGTERM reaches every process of the job: the writer's helper must
+            # survive it, or the checkpoint the signal asks for fails.
+            helpers = multiprocessing.active_children()
+            for helper in helpers:
+                os.kill(helper.pid, signal.SIGTERM)
+            out["helpers_signalled"] = len(helpers)
             checkpoint.save_checkpoint(root, trainer.step, trainer.model, trainer.optimizer, trainer.scheduler,
                                        extra={"cursor": {"epoch": 1, "index": 24}}, keep=2)
         out["draws_after_save"] = _random_draws()
@@ -180,6 +188,7 @@ def resumed(two_ranks, tmp_path_factory):
 def test_resume_reproduces_training_exactly(resumed) -> None:
     _, ranks = resumed
     for out in ranks:
+        assert out["helpers_signalled"] >= 1
         assert out["state"] == (3, {"cursor": {"epoch": 1, "index": 24}}, True, "step_00000003")
         assert out["draws_after_load"] == out["draws_after_save"]  # python, numpy and torch RNG
         assert out["lrs"][0] != out["lrs"][1]  # the schedule moves, so its state mattered

@@ -54,10 +54,12 @@ def checkpoint_root(run_dir: Path) -> Path:
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
     import torch
 
+    from hetrl.trainer.checkpoint import start_checkpoint_writer
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.policy import PolicyTrainer
 
     init_trainer_world(ctx)
+    start_checkpoint_writer()  # now, so that a pre-emption signal cannot kill its helper mid-start
     torch.manual_seed(cfg.run.seed)
     total_steps = cfg.run.steps + cfg.warm_start.steps
     trainer = PolicyTrainer(cfg.model, cfg.trainer, cfg.algorithm, seed=cfg.run.seed, total_steps=total_steps,

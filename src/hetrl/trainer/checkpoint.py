@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import json
 import os
+import multiprocessing
+from multiprocessing.managers import SyncManager
 import random
 import re
 import shutil
+import signal
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,38 @@ LATEST = "latest"
 _STEP_DIR = re.compile(r"step_(\d+)")
 # The same on save and load: it fixes how optimizer state is keyed (and so what can be resharded).
 _SHARDING_FORMAT = {"distrib_optim_sharding_type": "fully_sharded_model_space", "chained_optim_avoid_prefix": True}
+
+
+# Signals a scheduler sends every process of a job to ask for a checkpoint (see hetrl.loop.preempt).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def start_checkpoint_writer() -> None:
+    """Start the helper process megatron's checkpoint writer reports through, immune to stop signals.
+
+    megatron's ``FileSystemWriterAsync`` collects write results through a ``multiprocessing``
+    Manager queue whose server process it spawns on the first save. Spawned like that it sits in
+    the trainer's process group, and the SIGTERM with which Slurm (or the local launcher) asks the
+    job for a checkpoint kills it: the very save the signal asks for then fails (EOFError, or
+    "connection refused" when the server died after an earlier save). Started here, it ignores
+    those signals; it still ends with the trainer (the Manager's finalizer) or on SIGKILL.
+    Idempotent; call it early, before a signal can arrive (the trainer role does, at start-up).
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", None) is not None:
+        return
+    if not hasattr(filesystem_async, "_results_queue"):
+        raise RuntimeError("megatron-core's FileSystemWriterAsync no longer keeps a module-level _results_queue: "
+                           "revisit hetrl.trainer.checkpoint.start_checkpoint_writer for this version")
+    manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+    manager.start(initializer=_ignore_stop_signals)
+    filesystem_async._results_queue = manager.Queue()
 
 
 @dataclass(frozen=True)
@@ -216,6 +251,7 @@ def save_checkpoint(
     if decision[0]:
         warnings.warn(f"checkpoint {final} already exists: not saving step {step} again", stacklevel=2)
         return final
+    start_checkpoint_writer()
     state = _sharded_state(model, optimizer, pg, is_loading=False)
     state["rng"] = _rng_object(rank, dist.get_world_size(), _rng_state())
     state["hetrl"] = {
