@@ -28,7 +28,7 @@ def check_consistent(plan: Plan):
 def test_tiny_grpo_local_plan():
     plan = plan_of("tiny_grpo")
     check_consistent(plan)
-    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward": 1, "orchestrator": 1}
+    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward": 1, "env": 0, "orchestrator": 1}
     assert [c.name for c in plan.components] == ["local"]
 
 

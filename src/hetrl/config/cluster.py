@@ -16,9 +16,14 @@ class ClusterConfig(Section):
     cpus_per_node: int = Field(2, ge=1, description="CPU cores per node.")
     mem_per_node_gb: int | None = Field(None, ge=1, description="Memory to request per node; null = Slurm default.")
     gpu_partition: str = Field("gpu", description="Partition of trainer and engine nodes.")
-    cpu_partition: str = Field("cpu", description="Partition of reward/verifier/sandbox workers.")
-    cpu_nodes: int = Field(1, ge=0, description="Nodes on the CPU partition for reward/sandbox workers.")
+    cpu_partition: str = Field("cpu", description="Partition of reward/verifier/sandbox workers (and env servers, env.placement=role).")
+    cpu_nodes: int = Field(1, ge=0, description="Nodes on the CPU partition for reward/sandbox workers and env servers.")
     reward_workers_per_node: int = Field(1, ge=1, description="Reward worker processes per CPU node.")
+    env_workers_per_node: int = Field(
+        1, ge=1,
+        description="Env-server ranks per CPU node when env.placement=role (each runs many episodes at once); "
+        "unused when environments run inline.",
+    )
     time_limit: str = Field("04:00:00", pattern=r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$", description="Slurm time limit, [D-]HH:MM:SS.")
     account: str | None = Field(None, description="Slurm account (--account).")
     qos: str | None = Field(None, description="Slurm QoS (--qos).")

@@ -6,7 +6,7 @@ never import arbitrary code).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,4 +32,12 @@ class EnvConfig(Section):
     max_turns: int = Field(1, ge=1, description="Turn budget per episode.")
     max_episode_tokens: int = Field(512, ge=16, description="Token budget per episode (prompt + all turns).")
     concurrency: int = Field(64, ge=1, description="Concurrent episodes per rollout worker.")
+    placement: Literal["inline", "role"] = Field(
+        "inline",
+        description="Where environments run: inline = inside the rollout ranks, next to the engine; role = on env-server "
+        "ranks of their own on the CPU partition (cluster.env_workers_per_node per CPU node), which the rollout ranks "
+        "drive over the control plane (only tasks, messages and step results travel; the sampled token ids stay with "
+        "the rollout). Use role when environment steps are heavy (sandboxed tools, terminals) or must not share the "
+        "GPU nodes' cores.",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts).")

@@ -1,15 +1,17 @@
-"""Environments in their own processes: the env role, separate from the engines.
+"""Environments in other processes: the server and client halves every transport shares.
 
 Episodes whose steps are heavy (sandboxes, rendering) or must live on the CPU partition run in
 env server processes; the rollout side holds ``RemoteEnv`` proxies with the ordinary
 ``Environment`` interface, so ``run_episode`` and ``EnvWorker`` work unchanged (token handling
-stays on the rollout side, next to the engine's ids).
+stays on the rollout side, next to the engine's ids; only tasks, messages and step results travel).
 
 Ownership: each episode is pinned to one server for its whole life (its state lives there); a
-server runs all its episodes concurrently on one asyncio loop. The wire is any duplex object with
-``send``/``recv`` of picklable tuples — a ``multiprocessing`` pipe here; an MPI communicator pair
-fits the same two calls. Requests are ``(request_id, method, episode_id, args)``, answers
-``(request_id, ok, value)`` where a failed call's value is the server-side traceback text.
+server runs all its episodes concurrently on one asyncio loop (:class:`EpisodeHost`). Requests are
+``(request_id, method, episode_id, args)``, answers ``(request_id, ok, value)`` where a failed
+call's value is the server-side traceback text. Two transports carry them: a ``multiprocessing``
+pipe per server (:class:`EnvProcessPool`, here) and the MPI control plane between rollout ranks
+and env-role ranks (``hetrl.loop.env_role``). A server that goes away fails its episodes' calls
+with :class:`EnvServerLost`, which the caller may answer by running the episode again elsewhere.
 """
 
 from __future__ import annotations
@@ -20,35 +22,72 @@ import multiprocessing as mp
 import threading
 import traceback
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable, Hashable
 
 from hetrl.config.env import EnvConfig
 from hetrl.env.base import Environment, Message, StepResult, Task
 
 
+class EnvServerLost(RuntimeError):
+    """The server that held an episode went away; the episode's state is gone with it."""
+
+
+def remote_failure(traceback_text: str) -> RuntimeError:
+    """The caller-side error of a call that raised on the server (an environment bug)."""
+    return RuntimeError(f"remote environment failed:\n{traceback_text}")
+
+
+class EpisodeHost:
+    """The server half: one environment per open episode, created by ``reset``, dropped by ``close``.
+
+    ``key`` identifies an episode on this server; a server with several clients keys by
+    ``(client, episode_id)`` so their ids cannot collide.
+    """
+
+    def __init__(self, make_env: Callable[[], Environment]) -> None:
+        self.make_env = make_env
+        self.envs: dict[Hashable, Environment] = {}
+
+    @property
+    def open_episodes(self) -> int:
+        return len(self.envs)
+
+    async def call(self, method: str, key: Hashable, args: tuple) -> Any:
+        if method == "reset":
+            self.envs[key] = self.make_env()
+            return await self.envs[key].reset(*args)
+        if method == "step":
+            if key not in self.envs:
+                raise RuntimeError(f"episode {key}: step before reset")
+            return await self.envs[key].step(*args)
+        if method == "close":
+            env = self.envs.pop(key, None)
+            return await env.close() if env is not None else None
+        raise ValueError(f"unknown environment method {method!r}; valid: reset, step, close")
+
+    async def answer(self, request_id: int, method: str, key: Hashable, args: tuple) -> tuple[int, bool, Any]:
+        """The reply tuple; an env bug reaches the caller as text instead of killing the other episodes."""
+        try:
+            return request_id, True, await self.call(method, key, args)
+        except Exception:  # noqa: BLE001 - reported to the caller, the server carries on
+            return request_id, False, traceback.format_exc()
+
+    async def close_all(self) -> None:
+        """Release every open episode (the clients are gone, or this server is going down)."""
+        envs, self.envs = list(self.envs.values()), {}
+        for env in envs:
+            await env.close()
+
+
 async def _serve(conn: Any, cfg: EnvConfig) -> None:
     from hetrl.env.registry import env_factory
 
-    make_env = env_factory(cfg)
-    envs: dict[str, Environment] = {}
+    host = EpisodeHost(env_factory(cfg))
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task] = set()
 
     async def handle(request_id: int, method: str, episode_id: str, args: tuple) -> None:
-        try:
-            if method == "reset":
-                envs[episode_id] = make_env()
-                value = await envs[episode_id].reset(*args)
-            elif method == "step":
-                if episode_id not in envs:
-                    raise RuntimeError(f"episode {episode_id}: step before reset")
-                value = await envs[episode_id].step(*args)
-            else:  # close
-                env = envs.pop(episode_id, None)
-                value = await env.close() if env is not None else None
-            conn.send((request_id, True, value))
-        except Exception:  # an env bug must reach the caller, not kill the server's other episodes
-            conn.send((request_id, False, traceback.format_exc()))
+        conn.send(await host.answer(request_id, method, episode_id, args))
 
     while True:
         try:
@@ -61,8 +100,7 @@ async def _serve(conn: Any, cfg: EnvConfig) -> None:
         pending.add(job)
         job.add_done_callback(pending.discard)
     await asyncio.gather(*pending)
-    for env in envs.values():
-        await env.close()
+    await host.close_all()
 
 
 def serve(conn: Any, cfg: EnvConfig) -> None:
@@ -91,9 +129,9 @@ class _Link:
             if ok:
                 future.set_result(value)
             else:
-                future.set_exception(RuntimeError(f"remote environment failed:\n{value}"))
+                future.set_exception(remote_failure(value))
         for future in self.futures.values():
-            future.set_exception(RuntimeError("the env server went away"))
+            future.set_exception(EnvServerLost("the env server went away"))
 
     async def call(self, method: str, episode_id: str, *args: Any) -> Any:
         future: Future = Future()
@@ -105,9 +143,9 @@ class _Link:
 
 
 class RemoteEnv(Environment):
-    """Proxy of one episode on an env server."""
+    """Proxy of one episode on an env server; ``link`` is any object with ``async call(method, episode_id, *args)``."""
 
-    def __init__(self, link: _Link, episode_id: str) -> None:
+    def __init__(self, link: Any, episode_id: str) -> None:
         super().__init__()
         self._link = link
         self.episode_id = episode_id
@@ -119,7 +157,10 @@ class RemoteEnv(Environment):
         return await self._link.call("step", self.episode_id, action)
 
     async def close(self) -> None:
-        await self._link.call("close", self.episode_id)
+        try:
+            await self._link.call("close", self.episode_id)
+        except EnvServerLost:
+            pass  # the episode's state went with its server: nothing left to release
 
 
 class EnvProcessPool:

@@ -27,5 +27,8 @@ def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
     where = "colocated on the trainer GPUs" if r.placement == "colocated" else f"on {r.nodes} node(s) of their own"
     layout.add_row("rollout", str(sizes["rollout"]), f"{r.num_engines} vLLM engine(s), TP {r.engine_tensor_parallel}, {where}")
     layout.add_row("reward", str(sizes["reward"]), f"reward/verifier/sandbox workers on {cfg.cluster.cpu_partition!r}")
+    if sizes["env"]:
+        layout.add_row("env", str(sizes["env"]), f"env servers on {cfg.cluster.cpu_partition!r}: episodes' reset/step/close and tools, "
+                       "driven by the rollout ranks over the control plane")
     layout.add_row("orchestrator", str(sizes["orchestrator"]), "data stream, batching, schedule")
     return [components, layout]

@@ -17,9 +17,7 @@ import sys
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.launch.plan import Plan
-
-_LIGHT_ROLES = ("reward", "orchestrator")
+from hetrl.launch.plan import CPU_ROLES, Plan
 
 
 def find_mpiexec() -> str:
@@ -37,11 +35,11 @@ def threads_per_role(cfg: HetrlConfig, plan: Plan) -> dict[str, int]:
     Oversubscription costs 20-40x on a 2-core machine, so this is never left to the defaults.
     """
     cores = os.cpu_count() or 1
-    heavy = sum(n for role, n in plan.role_sizes().items() if role not in _LIGHT_ROLES)
+    heavy = sum(n for role, n in plan.role_sizes().items() if role not in CPU_ROLES)
     if plan.rollout.placement == "colocated":
         heavy = max(plan.role_sizes()["trainer"], plan.role_sizes()["rollout"])  # time-shared, not concurrent
     heavy_threads = cfg.run.threads_per_process or max(1, cores // max(heavy, 1))
-    return {role: (1 if role in _LIGHT_ROLES else heavy_threads) for role in plan.role_sizes()}
+    return {role: (1 if role in CPU_ROLES else heavy_threads) for role in plan.role_sizes()}
 
 
 def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False) -> list[str]:

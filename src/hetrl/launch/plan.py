@@ -12,7 +12,9 @@ Layout rules (each violation raises :class:`PlanError` saying why and suggesting
     PP divides the layers;
   * an engine's TP divides the GPUs of a node; colocated engines tile the trainer's GPUs,
     disaggregated engines get nodes of their own;
-  * reward/verifier/sandbox workers and the orchestrator live on the CPU partition.
+  * reward/verifier/sandbox workers, env servers (``env.placement=role``) and the orchestrator
+    live on the CPU partition, in one component: per node its reward workers, then its env
+    servers; the orchestrator is one extra task ahead of them on the first node.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
 
-ROLES = ("trainer", "rollout", "reward", "orchestrator")
+ROLES = ("trainer", "rollout", "reward", "env", "orchestrator")
+# Roles of the CPU partition: Python control loops whose heavy work (verifiers, sandboxes) runs
+# in subprocesses, so each rank gets one thread.
+CPU_ROLES = ("reward", "env", "orchestrator")
 
 
 class PlanError(ValueError):
@@ -85,6 +90,7 @@ class Plan:
     num_reward_workers: int
     components: tuple[Component, ...]
     assignments: tuple[RankAssignment, ...] = field(repr=False)
+    num_env_workers: int = 0  # env-server ranks (env.placement=role); 0: environments run inside the rollout ranks
 
     @property
     def world_size(self) -> int:
@@ -105,7 +111,7 @@ class Plan:
         return cls(
             nodes=raw["nodes"], gpus_per_node=raw["gpus_per_node"],
             trainer=TrainerLayout(**raw["trainer"]), rollout=RolloutLayout(**raw["rollout"]),
-            num_reward_workers=raw["num_reward_workers"],
+            num_reward_workers=raw["num_reward_workers"], num_env_workers=raw.get("num_env_workers", 0),
             components=tuple(Component(**{**c, "roles": tuple(c["roles"])}) for c in raw["components"]),
             assignments=tuple(RankAssignment(**{**a, "gpus": tuple(a["gpus"])}) for a in raw["assignments"]),
         )
@@ -135,14 +141,20 @@ def _cpu_plan(cfg: HetrlConfig) -> Plan:
     trainer = _check_trainer(cfg, nodes=1, world=world)
     rollout = RolloutLayout("colocated" if cfg.rollout.placement == "colocated" else "disaggregated", 0, cfg.rollout.num_engines or 1, 1)
     num_reward = max(1, cfg.cluster.cpu_nodes * cfg.cluster.reward_workers_per_node)
-    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward": num_reward, "orchestrator": 1}
+    num_env = max(1, cfg.cluster.cpu_nodes * env_workers_per_node(cfg)) if env_workers_per_node(cfg) else 0
+    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward": num_reward, "env": num_env, "orchestrator": 1}
     assignments, rank = [], 0
     for role in ROLES:
         for role_rank in range(role_counts[role]):
             assignments.append(RankAssignment(rank, role, role_rank, "local", 0))
             rank += 1
-    component = Component("local", "local", 1, len(assignments), 0, ROLES)
-    return Plan(1, 0, trainer, rollout, num_reward, (component,), tuple(assignments))
+    component = Component("local", "local", 1, len(assignments), 0, tuple(role for role in ROLES if role_counts[role]))
+    return Plan(1, 0, trainer, rollout, num_reward, (component,), tuple(assignments), num_env)
+
+
+def env_workers_per_node(cfg: HetrlConfig) -> int:
+    """Env-server ranks per CPU node: ``cluster.env_workers_per_node`` under env.placement=role, else 0."""
+    return cfg.cluster.env_workers_per_node if cfg.env.placement == "role" else 0
 
 
 def _gpu_plan(cfg: HetrlConfig) -> Plan:
@@ -171,7 +183,7 @@ def _gpu_plan(cfg: HetrlConfig) -> Plan:
             f"{slots_per_node} engine slots of TP {r.engine_tensor_parallel} each; valid: {valid}"
         )
     if cfg.cluster.cpu_nodes < 1:
-        raise PlanError("reward workers and the orchestrator run on the CPU partition: set cluster.cpu_nodes >= 1")
+        raise PlanError("reward workers, env servers and the orchestrator run on the CPU partition: set cluster.cpu_nodes >= 1")
     rollout = RolloutLayout(r.placement, engine_nodes, num_engines, r.engine_tensor_parallel)
     return _assemble_gpu(cfg, trainer, rollout, engines_per_node=num_engines // nodes_with_engines)
 
@@ -203,14 +215,17 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
         for node in range(rollout.nodes):
             add_engines("rollout", node)
         components.append(Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",)))
-    # CPU partition: reward workers fill it; the (light) orchestrator is one extra task on its first node.
-    cpu_nodes, per_node = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node
+    # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first node.
+    cpu_nodes, rewards, envs = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node, env_workers_per_node(cfg)
     add("orchestrator", "cpu", 0)
     for node in range(cpu_nodes):
-        for _ in range(per_node):
-            add("reward", "cpu", node)
-    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, ("orchestrator", "reward"), cpu_nodes * per_node + 1))
-    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments))
+        for role, count in (("reward", rewards), ("env", envs)):
+            for _ in range(count):
+                add(role, "cpu", node)
+    per_node = rewards + envs
+    cpu_roles = ("orchestrator", "reward", "env") if envs else ("orchestrator", "reward")
+    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1))
+    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"])
 
 
 def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:

@@ -83,6 +83,10 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
         from hetrl.loop.reward_role import run_reward
 
         run_reward(ctx, cfg, Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "scorer_crash"))
+    elif ctx.role == "env":
+        from hetrl.loop.env_role import run_env
+
+        run_env(ctx, cfg)
     elif ctx.role == "rollout":
         from hetrl.loop.rollout_role import run_rollout
 

@@ -2,13 +2,16 @@
 
 Ownership: the orchestrator hands out :class:`RolloutWork`; this rank runs each item as an
 asyncio episode (``hetrl.env.runner.run_episode``) whose ``generate`` calls go to the local engine,
-and streams finished samples back as soon as a poll round completes them. Weight pushes arrive
+and streams finished samples back as soon as a poll round completes them. The episode's
+environment runs in this process (``env.placement: inline``) or on an env rank of the CPU
+partition (``role``: ``hetrl.loop.env_role``); either way the token ids stay here. Weight pushes arrive
 on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are applied between
 two decoding steps (in-flight samples are paused and resumed under the new version).
 
 An engine failure while generating does not lose work: the episodes it held are cancelled and
 reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
-engine is rebuilt from the checkpoint and the last weight push it applied.
+engine is rebuilt from the checkpoint and the last weight push it applied. Episodes whose env
+rank went down are reported as ``failed`` the same way, and re-run on the env ranks still up.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import EpisodeItem, RolloutDone, RolloutWork, Shutdown, SyncWeights
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
-_IDLE_SLEEP_S = 0.005
+_IDLE_SLEEP_S = 0.005  # the longest nap of an idle round (the back-off starts at _NAP_MIN_S)
+_NAP_MIN_S = 0.0005
 
 
 class RolloutWorker:
@@ -40,7 +45,12 @@ class RolloutWorker:
         self.engine = self._new_engine()
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir))
-        self.make_env = env_factory(cfg.env)
+        self.env_client = None
+        if cfg.env.placement == "role":
+            from hetrl.loop.env_role import EnvRoleClient
+
+            self.env_client = EnvRoleClient(ctx)
+        self.make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env)
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
         self._finished: list[Sample] = []
@@ -66,14 +76,19 @@ class RolloutWorker:
 
         env = self.make_env()
         try:
-            episode_sampling = SamplingParams(**{**sampling.__dict__, "seed": item.seed})
-            sample = await run_episode(
-                env, item.task, item.seed, self.generate, self.codec, episode_sampling,
-                self.cfg.env.max_turns, self.cfg.env.max_episode_tokens, item.sample_id, item.group_id,
-            )
-            self._finished.append(sample)
-        finally:
-            await env.close()
+            try:
+                episode_sampling = SamplingParams(**{**sampling.__dict__, "seed": item.seed})
+                sample = await run_episode(
+                    env, item.task, item.seed, self.generate, self.codec, episode_sampling,
+                    self.cfg.env.max_turns, self.cfg.env.max_episode_tokens, item.sample_id, item.group_id,
+                )
+            finally:
+                await env.close()
+        except EnvServerLost as lost:  # its env rank went down: the orchestrator re-runs it from the start
+            logger.warning("episode %s lost its environment (%s); reporting it for a re-run", item.sample_id, lost)
+            self._failed.append(item.sample_id)
+            return
+        self._finished.append(sample)
 
     def _episode_done(self, task: asyncio.Task) -> None:
         self._tasks.pop(task, None)
@@ -130,22 +145,29 @@ class RolloutWorker:
             self.engine.load_weights(self.last_push)
 
     async def run(self) -> None:
+        """Poll rounds until Shutdown. A round that moved nothing naps, doubling up to _IDLE_SLEEP_S:
+        episodes waiting on tools or env ranks must not spin the core their tools need."""
         orchestrator = self.ctx.orchestrator_rank
+        nap_s = 0.0
         while not self.stop:
             got_work = False
             while (got := poll(self.ctx.world, orchestrator, Tag.WORK)) is not None:
                 self._handle(got[0])
                 got_work = True
-            if got_work:
-                await asyncio.sleep(0)  # new episodes submit their first turn before the engine steps
+            env_moved = self.env_client.pump() if self.env_client else False
+            if got_work or env_moved:
+                await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
             busy = self._step_engine()
-            await asyncio.sleep(0 if busy or self._tasks else _IDLE_SLEEP_S)
+            nap_s = 0.0 if busy or got_work or env_moved else min(max(2 * nap_s, _NAP_MIN_S), _IDLE_SLEEP_S)
+            await asyncio.sleep(nap_s)
             if self._errors:
                 raise self._errors[0]
             if self._finished or self._failed:
                 done, self._finished = self._finished, []
                 failed, self._failed = self._failed, []
                 send(self.ctx.world, RolloutDone(done, failed), orchestrator, Tag.RESULT)
+        if self.env_client:
+            self.env_client.close()
         self.engine.shutdown()
 
 
