@@ -128,3 +128,27 @@ def test_warn_action_does_not_raise(tmp_path):
         mon.log(0, {"entropy": 0.0})
         mon.end_step(0)
     assert json.loads((tmp_path / "alerts.jsonl").read_text())["guard"] == "entropy_collapse"
+
+
+def test_idle_role_is_not_stalled(tmp_path):
+    """A role waiting for work may wait forever; once given work, its stall clock starts then."""
+    clock = FakeClock()
+    cfg = MonitorConfig(console=False, tensorboard=False, guards={"stalled_role": {"timeout_s": 60, "action": "warn"}})
+    with Monitor(cfg, tmp_path, total_steps=10, roles=["trainer"], clock=clock) as mon:
+        mon.progress("trainer", state="idle")
+        clock.now += 600
+        assert mon.poll() == []
+        mon.progress("trainer", state="training")
+        clock.now += 59
+        assert mon.poll() == []
+        clock.now += 2
+        assert [a.guard for a in mon.poll()] == ["stalled_role"]
+
+
+def test_stall_stop_raises_from_poll(tmp_path):
+    clock = FakeClock()
+    cfg = MonitorConfig(console=False, tensorboard=False, guards={"stalled_role": {"timeout_s": 5}})
+    with Monitor(cfg, tmp_path, total_steps=1, roles=["reward"], clock=clock) as mon:
+        clock.now += 6
+        with pytest.raises(GuardStop, match="role 'reward'"):
+            mon.poll()

@@ -64,6 +64,7 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     state = resume.resume(ctx, cfg.checkpoint, orch, run_dir)
     summary = state.summary
     monitor = Monitor(cfg.monitor, run_dir, cfg.run.steps, roles=("rollout", "reward", "trainer"), run_config=cfg.model_dump(mode="json"))
+    orch.attach_monitor(monitor)
     held_out = eval_tasks(cfg)
     demo_stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed + cfg.warm_start.seed_offset)
     if state.demo_stream is not None:

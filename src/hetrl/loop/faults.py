@@ -7,14 +7,31 @@
   engine_crash@n   rollout: the generation engine raises on its n-th decoding step (once); the
                    rank must rebuild it and the loop re-queue the episodes it held
   scorer_crash@n   reward: the rubric raises on the n-th batch (once); its samples must be retried
+  scorer_stall@n   reward: the worker sleeps STALL_S seconds before scoring its n-th batch (once);
+                   the stalled-role guard must notice while the orchestrator waits
+  reward_drop@n    reward: from the n-th sample it scores on, every total reward is lowered by
+                   REWARD_DROP (a scorer that silently broke); the reward-collapse guard must fire
+  nan_loss@n       trainer: the advantages of its n-th batch (warm-start batches count) are NaN, so
+                   the real loss and gradients are; the non-finite-loss guard must fire
+  desync_weights@n trainer: right after its n-th weight push the trainer's weights get Gaussian
+                   noise (std DESYNC_STD) the engines never receive, so the next batch's trainer and
+                   engine log-probs disagree; the mismatch-spike guard must fire
+
+Roles that take no fault list from the worker entry point read the same variable with
+:func:`from_env`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "scorer_crash")
+KINDS = ("crash", "hang", "engine_crash", "scorer_crash", "scorer_stall", "reward_drop", "nan_loss", "desync_weights")
+FAULT_ENV = "HETRL_INJECT_FAULT"
+STALL_S = 8.0  # long enough to outlast a rig's stalled_role.timeout_s of a few seconds
+REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level
+DESYNC_STD = 0.05  # about the scale of the weights of a random-init tiny model: a large, certain mismatch
 
 
 @dataclass(frozen=True)
@@ -35,9 +52,9 @@ class Fault:
                 kind, _, at = rest.partition("@")
                 fault = cls(role, int(rank), kind, int(at) if at else 1)
             except ValueError:
-                raise ValueError(f"HETRL_INJECT_FAULT entries must be role:rank:kind[@n], got {part!r}") from None
+                raise ValueError(f"{FAULT_ENV} entries must be role:rank:kind[@n], got {part!r}") from None
             if fault.kind not in KINDS:
-                raise ValueError(f"HETRL_INJECT_FAULT kind must be one of {KINDS}, got {fault.kind!r}")
+                raise ValueError(f"{FAULT_ENV} kind must be one of {KINDS}, got {fault.kind!r}")
             faults.append(fault)
         return faults
 
@@ -65,3 +82,20 @@ class Countdown:
             return False
         self.left -= 1
         return self.left == 0
+
+
+class Onset(Countdown):
+    """Stays on from the n-th call on (a fault that persists once it started)."""
+
+    def __init__(self, faults: list[Fault], role: str, role_rank: int, kind: str) -> None:
+        super().__init__(faults, role, role_rank, kind)
+        self.on = False
+
+    def fire(self) -> bool:
+        self.on = self.on or super().fire()
+        return self.on
+
+
+def from_env() -> list[Fault]:
+    """The faults of :data:`FAULT_ENV`, for roles the worker entry point hands no fault list."""
+    return Fault.parse(os.environ.get(FAULT_ENV))

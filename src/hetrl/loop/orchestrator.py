@@ -11,6 +11,12 @@ The three schedules are one mechanism with a different look-ahead: groups may be
 ``max_staleness`` for ``async``. A group is trained only if its oldest token is at most
 ``max_staleness`` versions behind the trainer (0 for sync); older groups are dropped or
 regenerated and counted.
+
+With a monitor attached (:meth:`Orchestrator.attach_monitor`), the orchestrator is where role
+liveness is seen: each role is marked busy when given work and idle when it has none left, its
+results count as progress, and the stalled-role guard is polled while the orchestrator waits (a
+role that hangs holds up exactly that wait). It also adds ``time/reward`` to each step's trainer
+metrics: the reward workers' scoring time of the samples trained in that step.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.loop.batching import advantages_for
 from hetrl.loop.work import (
     EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork, id_order,
 )
+from hetrl.monitor import names
+from hetrl.monitor.guards import IDLE
 from hetrl.types import Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
+_POLL_S = 1.0  # how often a waiting orchestrator checks the stalled-role guard
 
 
 @dataclass
@@ -88,6 +97,18 @@ class Orchestrator:
         self.train_done: TrainDone | None = None
         self._next_group = 0
         self._train_groups_open = 0  # dispatched training groups not yet complete
+        self._reward_s: dict[str, float] = defaultdict(float)  # training sample id -> its share of scoring time
+        self.monitor: Any | None = None
+
+    def attach_monitor(self, monitor: Any) -> None:
+        """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and poll its guards while waiting."""
+        self.monitor = monitor
+        for role in ("rollout", "reward", "trainer"):
+            monitor.progress(role, state=IDLE)
+
+    def _report(self, role: str, busy: bool, state: str) -> None:
+        if self.monitor is not None:
+            self.monitor.progress(role, state=state if busy else IDLE)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -123,12 +144,27 @@ class Orchestrator:
         sampling = self.sampling(purpose)
         for engine, items in per_engine.items():
             send(self.ctx.world, RolloutWork(items, sampling, purpose), engine, Tag.WORK)
+        self._report("rollout", bool(per_engine), "generating")
 
     # ------------------------------------------------------------------ message pump
 
     def pump(self, timeout_s: float | None = None) -> None:
-        """Handle one incoming result (waiting up to ``timeout_s``, sleeping, not spinning)."""
-        message, source, _ = recv(self.ctx.world, tag=Tag.RESULT, timeout_s=timeout_s)
+        """Handle one incoming result (waiting up to ``timeout_s``, sleeping, not spinning).
+
+        The wait is sliced so the monitor's stalled-role guard runs meanwhile; a ``stop`` stall
+        alert ends the wait with :class:`hetrl.monitor.GuardStop`.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            slice_s = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+            try:
+                message, source, _ = recv(self.ctx.world, tag=Tag.RESULT, timeout_s=slice_s)
+                break
+            except PeerTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise PeerTimeout(f"waited {timeout_s:.0f} s for a result from any rank") from None
+            if self.monitor is not None:
+                self.monitor.poll()
         if isinstance(message, RolloutDone):
             self._on_rollout(message, source)
         elif isinstance(message, RewardDone):
@@ -149,6 +185,7 @@ class Orchestrator:
             self._requeue_episodes(message.failed, engine)
         if message.samples:
             self._send_to_reward(message.samples, avoid=None)
+        self._report("rollout", any(self.engine_load.values()), "generating")
 
     def _requeue_episodes(self, sample_ids: list[str], failed_engine: int) -> None:
         """Episodes an engine lost go out again under the same ids, to another engine if there is one."""
@@ -172,9 +209,11 @@ class Orchestrator:
         worker = min(workers, key=lambda r: self.reward_load[r])
         self.reward_load[worker] += len(samples)
         send(self.ctx.world, RewardWork(samples), worker, Tag.WORK)
+        self._report("reward", True, "scoring")
 
     def _on_reward(self, message: RewardDone, worker: int) -> None:
         self.reward_load[worker] -= len(message.samples) + len(message.failed)
+        self._charge_scoring(message)
         if message.failed:
             logger.warning("reward worker rank %d failed %d sample(s); retrying them", worker, len(message.failed))
             self.ledger.requeued_reward += len(message.failed)
@@ -192,6 +231,15 @@ class Orchestrator:
                     self.ready.append(sorted(group, key=lambda s: s.sample_id))
                 else:
                     self.results[purpose].extend(group)
+        self._report("reward", any(self.reward_load.values()), "scoring")
+
+    def _charge_scoring(self, message: RewardDone) -> None:
+        """Split the batch's scoring time evenly over its training samples (failed ones too: they cost it)."""
+        ids = [s.sample_id for s in message.samples] + message.failed
+        share = message.score_s / len(ids) if ids else 0.0
+        for sample_id in ids:
+            if sample_id in self.ledger.issued:
+                self._reward_s[sample_id] += share
 
     def _group_size(self, group_id: str) -> int:
         return self.cfg.algorithm.group_size if self.purpose_of[group_id] == "train" else self.cfg.eval.k
@@ -223,10 +271,14 @@ class Orchestrator:
         work = TrainWork(step, samples, advantages, supervised)
         for rank in self.trainer_ranks:
             send(self.ctx.world, work, rank, Tag.WORK)
+        self._report("trainer", True, "training")
         self.train_done = None
         while self.train_done is None:
             self.pump(timeout_s=3600)
         done, self.train_done = self.train_done, None
+        self._report("trainer", False, "training")
+        if not supervised:
+            done.metrics[names.time_phase("reward")] = sum(self._reward_s.pop(s.sample_id, 0.0) for s in samples)
         self.version = done.version
         for engine in self.engines:
             send(self.ctx.world, SyncWeights(done.version), engine, Tag.WORK)
@@ -266,6 +318,8 @@ class Orchestrator:
                 continue
             self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
             self.ledger.dropped.update(s.sample_id for s in group)
+            for s in group:
+                self._reward_s.pop(s.sample_id, None)
             self.top_up(target_groups + len(batch))
         return batch, dropped_stale, dropped_equal
 

@@ -1,7 +1,8 @@
 """The reward role: scores finished samples with the recipe's rubric, as a stream.
 
 Each :class:`RewardWork` is answered by one :class:`RewardDone` with the same samples, rewards
-and flags filled in. The rubric never raises for a hostile sample (a failing source scores 0 with
+and flags filled in, and the wall time the scoring took (the orchestrator turns it into
+``time/reward``). The rubric never raises for a hostile sample (a failing source scores 0 with
 a flag); if it fails anyway (a verifier process died, a reward-model server broke), the batch
 comes back as ``failed`` for the orchestrator to retry and the rubric is rebuilt.
 """
@@ -9,19 +10,42 @@ comes back as ``failed`` for the orchestrator to retry and the rubric is rebuilt
 from __future__ import annotations
 
 import logging
+import time
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, recv, send
-from hetrl.loop.faults import Countdown
+from hetrl.loop import faults
+from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
+from hetrl.types import Sample
 
 logger = logging.getLogger(__name__)
+
+
+class _RiggedFaults:
+    """The reward worker's injected misbehaviours besides a crash (see hetrl.loop.faults)."""
+
+    def __init__(self, role_rank: int) -> None:
+        found = faults.from_env()
+        self.stall = Countdown(found, "reward", role_rank, "scorer_stall")
+        self.drop = Onset(found, "reward", role_rank, "reward_drop")
+
+    def before_batch(self) -> None:
+        if self.stall.fire():
+            logger.warning("injected fault: the scorer stalls for %.0f s", faults.STALL_S)
+            time.sleep(faults.STALL_S)
+
+    def after_scoring(self, sample: Sample) -> Sample:
+        if self.drop.fire():
+            sample.reward -= faults.REWARD_DROP
+        return sample
 
 
 def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
     from hetrl.reward.rubric import Rubric
 
     rubric = Rubric.from_config(cfg.reward)
+    rigged = _RiggedFaults(ctx.assignment.role_rank)
     try:
         while True:
             message, source, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
@@ -29,15 +53,18 @@ def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
                 return
             if not isinstance(message, RewardWork):
                 raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
+            start = time.monotonic()
             try:
+                rigged.before_batch()
                 if crash.fire():
                     raise RuntimeError("injected fault: the reward scorer crashed")
-                done = RewardDone([rubric.score(sample).apply_to(sample) for sample in message.samples])
+                done = RewardDone([rigged.after_scoring(rubric.score(sample).apply_to(sample)) for sample in message.samples])
             except Exception as error:  # noqa: BLE001 - retried elsewhere; the worker carries on
                 logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(message.samples))
                 rubric.close()
                 rubric = Rubric.from_config(cfg.reward)
                 done = RewardDone([], failed=[s.sample_id for s in message.samples])
+            done.score_s = time.monotonic() - start
             send(ctx.world, done, source, Tag.RESULT)
     finally:
         rubric.close()

@@ -7,6 +7,11 @@ streaming exporter (every trainer rank takes part in the exporter's gathers); th
 push when the orchestrator tells them to. Warm-start (``supervised``) steps use plain token-mean
 likelihood: no ratio, no clipping, no IS correction.
 
+Each :class:`TrainDone` also carries this rank's share of the step's time breakdown, measured
+here because only here is it visible: ``time/wait`` (idle, waiting for work, since the previous
+answer), ``time/weight_sync`` (the latest weight push, which follows the previous answer) and, on a
+known GPU, ``perf/mfu``.
+
 Checkpoints (``RUN_DIR/checkpoints/step_<version>``) hold model, optimizer, LR schedule, RNG and
 the orchestrator's loop state, saved when the orchestrator sends :class:`Checkpoint`. On
 :class:`Restore` the trainer loads one and pushes its weights like a step's: the engines start from
@@ -16,12 +21,20 @@ the initial HF checkpoint at version 0, so this push is what makes them serve th
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.loop import faults
+from hetrl.loop.faults import Countdown
 from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored, Shutdown, TrainDone, TrainWork
+from hetrl.monitor import names
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +67,7 @@ def checkpoint_root(run_dir: Path) -> Path:
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
     import torch
 
+    from hetrl.monitor.mfu import MfuMeter
     from hetrl.trainer.checkpoint import start_checkpoint_writer
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.policy import PolicyTrainer
@@ -72,8 +86,12 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     stage_cfg = {"rl": cfg.trainer, "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0})}
     stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
     stage = "rl"  # the optimizer PolicyTrainer built
+    clock = _Clock()
+    rigged = _RiggedFaults(ctx.assignment.role_rank)
+    mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
     while True:
-        message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
+        with clock.timing("wait"):
+            message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
             return
         if isinstance(message, Checkpoint):
@@ -85,7 +103,8 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
             stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
             _reply(ctx, sender, Restored(version, loop_state))
-            _push_weights(trainer, cfg, sender, version)
+            with clock.timing("weight_sync"):
+                _push_weights(trainer, cfg, sender, version)
             continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
@@ -94,10 +113,61 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             trainer.reset_optimizer(total_steps=stage_steps[wanted], trainer_cfg=stage_cfg[wanted])
             stage = wanted
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
-        metrics, trainer_logprobs = _train_on(trainer, message, 1 if message.supervised else cfg.trainer.updates_per_batch)
+        num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
+        metrics, trainer_logprobs = _train_on(trainer, rigged.batch(message), num_minibatches)
+        train_s = metrics[names.TRAIN_STEP_S] * num_minibatches  # the optimizer steps' wall time
+        metrics.update(mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in message.samples], train_s))
+        metrics.update(clock.take())
         version += 1
         _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
-        _push_weights(trainer, cfg, sender, version)
+        with clock.timing("weight_sync"):
+            _push_weights(trainer, cfg, sender, version)
+        rigged.after_push(trainer)
+
+
+class _Clock:
+    """Seconds per phase (``wait``, ``weight_sync``) since they were last reported."""
+
+    def __init__(self) -> None:
+        self._spent: dict[str, float] = {}
+
+    @contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self._spent[phase] = self._spent.get(phase, 0.0) + time.monotonic() - start
+
+    def take(self) -> dict[str, float]:
+        """``time/<phase>`` of every phase timed since the previous call (a phase not timed is absent)."""
+        spent, self._spent = self._spent, {}
+        return {names.time_phase(phase): seconds for phase, seconds in spent.items()}
+
+
+class _RiggedFaults:
+    """The trainer's injected misbehaviours (``nan_loss``, ``desync_weights``; see hetrl.loop.faults)."""
+
+    def __init__(self, role_rank: int) -> None:
+        found = faults.from_env()
+        self.nan = Countdown(found, "trainer", role_rank, "nan_loss")
+        self.desync = Countdown(found, "trainer", role_rank, "desync_weights")
+
+    def batch(self, work: TrainWork) -> TrainWork:
+        if not self.nan.fire():
+            return work
+        logger.warning("injected fault: NaN advantages in the batch of step %d", work.step)
+        return replace(work, advantages=[[math.nan] * len(a) for a in work.advantages])
+
+    def after_push(self, trainer: Any) -> None:
+        if not self.desync.fire():
+            return
+        import torch
+
+        logger.warning("injected fault: the trainer's weights drift from the engines' (noise std %g)", faults.DESYNC_STD)
+        with torch.no_grad():
+            for param in trainer.module.parameters():
+                param.add_(torch.randn_like(param) * faults.DESYNC_STD)
 
 
 def _train_on(trainer: Any, work: TrainWork, num_minibatches: int) -> tuple[dict[str, float], list[list[float]]]:

@@ -44,6 +44,7 @@ class RewardWork:
 class RewardDone:
     samples: list[Sample]  # the same samples, rewards/flags filled in
     failed: list[str] = field(default_factory=list)  # sample ids to score again (elsewhere if possible)
+    score_s: float = 0.0  # the worker's wall time scoring this batch (the orchestrator's time/reward)
 
 
 @dataclass

@@ -9,7 +9,8 @@ The guards watch the per-step metrics (see :mod:`hetrl.monitor.names`) and role 
   (fires once per run of low steps).
 * ``mismatch_spike``: ``mismatch/k3_kl`` above ``max_k3_kl``, or above ``spike_factor`` times its
   median over the previous ``window`` steps (fires every such step).
-* ``stalled_role``: a role reported no progress for ``timeout_s`` (fires once per stall).
+* ``stalled_role``: a role that has work reported no progress for ``timeout_s`` (fires once per
+  stall); a role in state :data:`IDLE` (nothing to do) is not stalled, however long it waits.
 
 A guard whose metric is absent in a step skips that step: roles log at different times, and a
 missing metric is not evidence of a problem. Guards only *report*; :class:`hetrl.monitor.Monitor`
@@ -30,6 +31,8 @@ from hetrl.monitor import names
 # Below this (nats per token) engine/trainer disagreement is kernel-level noise; a relative spike
 # from ~0 to just above it is not worth an alert.
 _MISMATCH_NOISE_FLOOR = 1e-4
+#: The role state meaning "waiting for work": the stalled-role guard skips such roles.
+IDLE = "idle"
 
 
 @dataclass(frozen=True)

@@ -116,10 +116,25 @@ DYNAMIC_SAMPLING_DROPPED = _spec("dynamic_sampling/dropped_groups", "Groups drop
 
 # --- throughput and time ---
 _spec("throughput/<role>_tokens_per_s", "Tokens processed per second by one role (generated, scored or trained).", "tokens/s", "any role")
+_TIME_PHASE_SPECS = {
+    "generate": ("Orchestrator wall time from the step's start until its batch was complete (generation and scoring, "
+                 "or only what was left of them under an overlapping schedule).", "loop"),
+    "reward": ("Reward workers' scoring time of the step's trained samples (summed over workers, so it can exceed "
+               "time/generate, which it overlaps).", "reward"),
+    "train": ("Orchestrator wall time from sending the batch to the trainer until the new version came back.", "loop"),
+    "weight_sync": ("Trainer rank 0's wall time pushing the latest weights to the engines: the push that followed the "
+                    "previous step (or restore), which this step's generation waited for under sync.", "trainer"),
+    "wait": ("Trainer rank 0's idle time waiting for work since its previous answer: the trainer's share of the "
+             "step spent waiting for a batch.", "trainer"),
+}
 for _phase in TIME_PHASES:
-    _spec(f"time/{_phase}", f"Wall time spent in the '{_phase}' phase during this step.", "s")
+    _spec(f"time/{_phase}", _TIME_PHASE_SPECS[_phase][0], "s", _TIME_PHASE_SPECS[_phase][1])
 TIME_STEP = _spec("time/step", "Wall time of the whole step.", "s")
-PERF_MFU = _spec("perf/mfu", "Model FLOPs utilisation of the trainer (6*N*tokens/s over peak FLOPs); GPU only.", "fraction", "trainer")
+PERF_MFU = _spec(
+    "perf/mfu", "Model FLOPs utilisation of the trainer: model FLOPs (6 x active weights per token + causal attention) of "
+    "the trained tokens per second, over the bf16 dense peak of its GPUs (hetrl.monitor.mfu); bf16 on known GPUs only.",
+    "fraction", "trainer",
+)
 
 # --- evaluation (hetrl.monitor.eval) ---
 _spec("eval/<task>/pass@<k>", "Unbiased pass@k (Chen et al. 2021) on held-out prompts of one task.", "fraction", "eval")
