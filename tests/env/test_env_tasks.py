@@ -22,6 +22,17 @@ def test_reasoning_gym_is_seeded_and_scored():
         assert score_answer(str(task.answer), task) == 0.0  # no answer tags: nothing to check
 
 
+def test_reasoning_gym_answer_instruction_is_configurable():
+    def user_text(**fields) -> str:
+        return build_task_source(TaskSourceConfig(size=2, **fields), seed=3)[0].messages[0]["content"]
+
+    question = user_text(answer_instruction="")
+    assert "<answer>" not in question and user_text() == f"{question}\n\nGive your final answer inside <answer></answer> tags."
+    assert user_text(answer_instruction="Answer with a number.") == f"{question}\n\nAnswer with a number."
+    with pytest.raises(ValueError, match="answer_instruction is not used by task source 'human_eval'"):
+        build_task_source(TaskSourceConfig(source="human_eval", answer_instruction=""), seed=0)
+
+
 def test_unknown_names_list_the_valid_ones():
     with pytest.raises(ValueError, match="valid names: .*human_eval.*reasoning_gym"):
         build_task_source(TaskSourceConfig(source="hub"), seed=0)

@@ -22,6 +22,11 @@ class TaskSourceConfig(Section):
     path: str | None = Field(None, description="source=file: path of the JSONL or Parquet file.")
     size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes): tasks to draw (the stream cycles through them, reshuffled per epoch).")
     options: dict[str, Any] = Field(default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms).")
+    answer_instruction: str | None = Field(
+        None,
+        description="source=reasoning_gym: the sentence after each question that says how to format the answer; null = "
+        "the source's own (answer inside <answer></answer> tags), \"\" = none (e.g. when a warm start teaches the format).",
+    )
 
 
 class EnvConfig(Section):

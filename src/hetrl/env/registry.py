@@ -81,9 +81,10 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
             raise ValueError("env.tasks.path is required when env.tasks.source is 'file'")
         return cls(cfg.path)
     if cfg.source == "reasoning_gym":
-        return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options)
-    if cfg.options:
-        raise ValueError(f"env.tasks.options are not used by task source {cfg.source!r}: {sorted(cfg.options)}")
+        return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
+    for key, value in (("options", cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
+        if value is not None:
+            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym)")
     return cls() if cfg.source == "human_eval" else cls(size=cfg.size, seed=seed)
 
 

@@ -17,7 +17,8 @@ class ReasoningGymSource:
     env and reward workers can call the dataset's scorer on it.
     """
 
-    def __init__(self, name: str, size: int, seed: int, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, name: str, size: int, seed: int, options: dict[str, Any] | None = None,
+                 answer_instruction: str | None = None) -> None:
         import reasoning_gym
 
         try:
@@ -27,6 +28,7 @@ class ReasoningGymSource:
         self.name = f"reasoning_gym/{name}"
         self._rg_name = name
         self._size = size
+        self._instruction = ANSWER_FORMAT if answer_instruction is None else answer_instruction
 
     def __len__(self) -> int:
         return self._size
@@ -37,7 +39,7 @@ class ReasoningGymSource:
         return Task(
             task_id=f"{self.name}/{index}",
             source=self.name,
-            messages=[{"role": "user", "content": f"{entry['question']}\n\n{ANSWER_FORMAT}"}],
+            messages=[{"role": "user", "content": f"{entry['question']}\n\n{self._instruction}" if self._instruction else entry["question"]}],
             answer=entry["answer"],
             metadata={"reasoning_gym": {"name": self._rg_name, "entry": entry}},
         )
