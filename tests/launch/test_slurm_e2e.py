@@ -23,6 +23,7 @@ import pytest
 
 from hetrl.launch import slurm
 from tests.launch.local_cluster import NEEDS_LOCAL_CLUSTER
+from tests.loop.test_learning import assert_tiny_grpo_learned
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = ("run.steps=3", "warm_start.steps=3", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=8")
@@ -112,8 +113,17 @@ def test_status_and_logs_report_the_run(finished_run: tuple[Path, float]) -> Non
         assert f"{role}[{index}] INFO role finished" in logs.stdout, f"{name} did not finish cleanly"
     # Each component's stdout/stderr (srun --label): vLLM's engine start on gpu, the loop's result on cpu.
     assert re.search(r"==> .*/logs/train-node0\.log <==(.|\n)*\d: .*init engine", logs.stdout)
-    assert re.search(r"==> .*/logs/cpu-node0\.log <==(.|\n)*\d: \[hetrl\] held-out mean reward: before", logs.stdout)
+    assert re.search(r"==> .*/logs/cpu-node0\.log <==(.|\n)*\d: \[hetrl\] held-out mean reward \(.*\): before", logs.stdout)
     assert f"hetrl: job {job_id} (restart 0)" in logs.stdout
+
+
+def test_tiny_grpo_hetjob_learns(runs_root: Path) -> None:
+    """The whole embedded default as a hetjob (2 trainer ranks, 2 engines, reward worker on cpu)
+    learns by the same margins as the local run."""
+    run_dir = submit(runs_root, "full")
+    final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=5)
+    assert final.state == "COMPLETED", slurm.logs(run_dir)
+    assert_tiny_grpo_learned(json.loads((run_dir / "summary.json").read_text()))
 
 
 def test_cancel_mid_run_leaves_no_process(runs_root: Path) -> None:

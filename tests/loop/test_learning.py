@@ -1,5 +1,9 @@
-"""The embedded default learns: held-out reward of tiny_grpo rises well above the initial policy's,
-in the sync and in the async schedule (a few minutes each: slow tests)."""
+"""The embedded default learns: tiny_grpo's held-out reward rises well above the initial policy's in
+the warm start, and RL raises it again, in the sync and in the async schedule (minutes each: slow).
+
+The held-out figure is mean@8 at the training temperature over the same 64 tasks every time, so the
+two differences are paired: their noise is ~0.02, against gains of ~0.25 (warm start) and ~0.1 (RL).
+"""
 
 import json
 import os
@@ -13,26 +17,24 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
 
-def reward_means(run_dir: Path) -> list[float]:
-    return [json.loads(line)["reward/mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def assert_tiny_grpo_learned(summary: dict) -> None:
+    """The margins a tiny_grpo run must clear, wherever it ran (locally, or as a Slurm hetjob)."""
+    assert summary["eval_after_warm_start"] >= summary["eval_before"] + 0.15, summary
+    assert summary["eval_after"] >= summary["eval_after_warm_start"] + 0.05, summary  # RL's own gain
 
 
 def run_tiny_grpo(tmp_path, *overrides):
     cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[hetrl] held-out mean reward: before" in proc.stdout
+    assert "[hetrl] held-out mean reward" in proc.stdout
     return json.loads((tmp_path / "tiny_grpo" / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("schedule", [["schedule.type=sync"], ["schedule.type=async", "schedule.max_staleness=2"]], ids=["sync", "async"])
 def test_tiny_grpo_improves_held_out_reward(tmp_path, schedule):
     summary = run_tiny_grpo(tmp_path, *schedule)
-    assert summary["eval_after"] >= summary["eval_before"] + 0.15, summary  # held out, greedy
-    rewards = reward_means(tmp_path / "tiny_grpo")
-    # RL on top of the warm start: the policy's own samples score higher at the end than at the start
-    # (5 steps x 128 samples each side; the held-out gain of RL alone is within the eval's noise).
-    assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.04, rewards
+    assert_tiny_grpo_learned(summary)
     # No sample older than the bound was trained on (staleness/max comes from the per-token versions).
     bound = 0 if schedule == ["schedule.type=sync"] else 2
     lags = [json.loads(line).get("staleness/max", 0.0) for line in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()]

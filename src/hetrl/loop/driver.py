@@ -90,7 +90,8 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         summary["dropped_stale_samples"] = orch.ledger.dropped_stale
         summary["samples"] = orch.ledger_report()  # every training sample id accounted for
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        print(f"[hetrl] held-out mean reward: before {summary['eval_before']:.3f}"
+        measure = "greedy" if cfg.eval.temperature == 0 else f"mean@{cfg.eval.k}, temperature {cfg.eval.temperature:g}"
+        print(f"[hetrl] held-out mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
               + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
               + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}", flush=True)
     finally:
