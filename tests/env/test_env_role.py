@@ -41,3 +41,12 @@ def test_no_env_rank_left_is_a_clear_error(tmp_path):
     report = rig(tmp_path, "none", fault="0@2,1@2")
     assert report["done"] == [] and report["live"] == []
     assert "all 2 env rank(s) are down" in report["errors"][0] and "injected fault" in report["errors"][0]
+
+
+def test_env_fault_spec():
+    from hetrl.loop.env_role import env_faults
+
+    assert [(f.role, f.role_rank, f.kind, f.at) for f in env_faults("0@3, 1")] == [("env", 0, "env_crash", 3), ("env", 1, "env_crash", 1)]
+    assert env_faults(None) == env_faults("") == []
+    with pytest.raises(ValueError, match="HETRL_INJECT_ENV_FAULT entries must be"):
+        env_faults("env:0:env_crash@1")

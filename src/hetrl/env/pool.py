@@ -5,9 +5,9 @@ group, each episode with its own seed) with at most ``concurrency`` episodes in 
 asyncio loop, and returns the finished Samples. Episode ids derive from the stream cursor, so a
 resumed run produces the same ids for the same tasks (the loop can de-duplicate across restarts).
 
-It depends only on a ``generate`` callable, so it runs as its own role: on a CPU node with
-``generate`` forwarding requests to the engines over the control plane, or inside a rollout worker
-with ``generate`` calling a local engine.
+It depends only on a ``generate`` callable and a ``make_env`` factory, so the same worker drives
+local environments, ``EnvProcessPool`` proxies or env-role proxies (``hetrl.loop.env_role``) with an
+engine or a scripted policy (tests, ``bench/env_throughput.py``).
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class EnvServer:
         self.replies: dict[int, list[tuple]] = defaultdict(list)
         self.jobs: set[asyncio.Task] = set()
         self.down = False
+        self._closing: asyncio.Task | None = None  # the envs' release after going down
         self.num_calls = self.num_episodes = 0
         self._answered = asyncio.Event()
 
@@ -125,6 +126,8 @@ class EnvServer:
         for job in self.jobs:
             job.cancel()  # nobody is left to answer
         await asyncio.gather(*self.jobs, return_exceptions=True)
+        if self._closing is not None:
+            await self._closing
         await self.host.close_all()
         logger.info("served %d call(s) of %d episode(s); all clients left", self.num_calls, self.num_episodes)
 
@@ -173,9 +176,7 @@ class EnvServer:
         for job in self.jobs:
             job.cancel()
         self.replies.clear()
-        closing = asyncio.get_running_loop().create_task(self.host.close_all())
-        self.jobs.add(closing)
-        closing.add_done_callback(self.jobs.discard)
+        self._closing = asyncio.get_running_loop().create_task(self.host.close_all())
         for client in self.clients:
             send(self.world, EnvDown(reason), client, Tag.RESULT)
 

@@ -4,9 +4,10 @@ Ownership: the orchestrator hands out :class:`RolloutWork`; this rank runs each 
 asyncio episode (``hetrl.env.runner.run_episode``) whose ``generate`` calls go to the local engine,
 and streams finished samples back as soon as a poll round completes them. The episode's
 environment runs in this process (``env.placement: inline``) or on an env rank of the CPU
-partition (``role``: ``hetrl.loop.env_role``); either way the token ids stay here. Weight pushes arrive
-on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are applied between
-two decoding steps (in-flight samples are paused and resumed under the new version).
+partition (``role``: ``hetrl.loop.env_role``); either way the token ids stay here. Weight
+pushes arrive on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are
+applied between two decoding steps (in-flight samples are paused and resumed under the new
+version).
 
 An engine failure while generating does not lose work: the episodes it held are cancelled and
 reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
