@@ -118,3 +118,17 @@ def test_stream_resumes_at_cursor_across_epochs():
     other = build_task_stream(cfg, seed=12)
     with pytest.raises(ValueError, match="seed=11"):
         other.load_state_dict(state)
+
+
+def test_stream_at_names_any_position_without_moving():
+    stream = build_task_stream(TaskSourceConfig(size=3), seed=5)
+    drawn = [stream.next() for _ in range(7)]  # across two epoch boundaries
+    for cursor, (task, seed) in enumerate(drawn):
+        again, again_seed = stream.at(cursor)
+        assert (again.task_id, again_seed) == (task.task_id, seed)
+    ahead_task, ahead_seed = stream.at(9)
+    assert stream.cursor == 7
+    stream.next(), stream.next()
+    assert stream.next()[0].task_id == ahead_task.task_id and stream.cursor == 10
+    with pytest.raises(ValueError, match="cursor must be >= 0"):
+        stream.at(-1)

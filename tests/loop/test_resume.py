@@ -30,9 +30,9 @@ WORKLOAD = [
 pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
 
 
-def launch(output_dir: Path) -> subprocess.Popen:
+def launch(output_dir: Path, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "launch.py"), *WORKLOAD, f"run.output_dir={output_dir}"]
+    cmd = [sys.executable, str(ROOT / "launch.py"), *WORKLOAD, f"run.output_dir={output_dir}", *overrides]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -77,12 +77,10 @@ def assert_same_state(a: dict, b: dict) -> None:
             assert torch.equal(a[key], b[key]), key
 
 
-@pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory) -> Path:
-    """A run pre-empted by SIGTERM after its first RL step, then relaunched to the end."""
-    output = tmp_path_factory.mktemp("preempted")
+def preempt_after_first_step(output: Path, *overrides: str) -> str:
+    """Launch, SIGTERM once the first RL step is logged, and expect the requeue exit; the output."""
     run_dir = output / "tiny_grpo"
-    proc = launch(output)
+    proc = launch(output, *overrides)
     deadline = time.monotonic() + 600
     while len(metric_lines(run_dir)) < 1:
         assert proc.poll() is None, finish(proc)
@@ -92,6 +90,15 @@ def resumed_run(tmp_path_factory) -> Path:
     out = finish(proc)
     assert proc.returncode == REQUEUE_EXIT_CODE, out
     assert "pre-empted (signal 15)" in out, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory) -> Path:
+    """A run pre-empted by SIGTERM after its first RL step, then relaunched to the end."""
+    output = tmp_path_factory.mktemp("preempted")
+    run_dir = output / "tiny_grpo"
+    preempt_after_first_step(output)
     stopped_after = len(metric_lines(run_dir))
     state = loop_state(latest(run_dir))
     assert state["loop"]["loop"]["rl_steps_done"] == stopped_after  # checkpointed at the step it stopped at
@@ -150,3 +157,21 @@ def test_same_seed_gives_identical_metrics_and_weights(uninterrupted_run, tmp_pa
     assert proc.returncode == 0, out
     assert metric_lines(output / "tiny_grpo") == rows
     assert_same_state(checkpoint_tensors(latest(output / "tiny_grpo"), tmp_path), checkpoint_tensors(latest(uninterrupted_run), tmp_path))
+
+
+@pytest.mark.slow
+def test_async_resume_generates_the_in_flight_groups_again(tmp_path):
+    """Under async, groups are in flight at every step boundary: the checkpoint keeps their tasks and
+    the resumed run generates and trains them (same group ids), so no task is skipped."""
+    from hetrl.monitor.rollout_store import RolloutReader
+
+    schedule = ("schedule.type=async", "schedule.max_staleness=2")
+    run_dir = tmp_path / "tiny_grpo"
+    preempt_after_first_step(tmp_path, *schedule)
+    in_flight = {group_id for group_id, _cursor in loop_state(latest(run_dir))["loop"]["orchestrator"]["in_flight"]}
+    assert in_flight, "async keeps groups in flight across a step boundary"
+    proc = launch(tmp_path, *schedule)
+    out = finish(proc)
+    assert proc.returncode == 0 and "resumed from" in out, out
+    trained = {row.sample_id.rsplit(".", 1)[0] for row in RolloutReader(run_dir).rows()}
+    assert in_flight <= trained, sorted(in_flight - trained)

@@ -77,6 +77,10 @@ def group_lag(group: list[Sample], trainer_version: int) -> int:
     return trainer_version - min(versions) if versions else 0
 
 
+def _group(group_id: str, task: Any, seed: int, group_size: int) -> list[EpisodeItem]:
+    return [EpisodeItem(f"{group_id}.{i}", group_id, task, seed * 1000 + i) for i in range(group_size)]
+
+
 class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
         from hetrl.env.registry import build_task_stream
@@ -97,6 +101,8 @@ class Orchestrator:
         self.train_done: TrainDone | None = None
         self._next_group = 0
         self._train_groups_open = 0  # dispatched training groups not yet complete
+        self._open_tasks: dict[str, int] = {}  # training group id -> its task's stream cursor, until trained or dropped
+        self._resumed: list[tuple[str, int]] = []  # the checkpoint's in-flight groups (id, cursor), dispatched first
         self._reward_s: dict[str, float] = defaultdict(float)  # training sample id -> its share of scoring time
         self.monitor: Any | None = None
 
@@ -118,9 +124,8 @@ class Orchestrator:
     def new_groups(self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str) -> list[list[EpisodeItem]]:
         groups = []
         for task, seed in tasks_with_seeds:
-            gid = f"{purpose[0]}{self._next_group}"
+            groups.append(_group(f"{purpose[0]}{self._next_group}", task, seed, group_size))
             self._next_group += 1
-            groups.append([EpisodeItem(f"{gid}.{i}", gid, task, seed * 1000 + i) for i in range(group_size)])
         return groups
 
     def dispatch(self, groups: list[list[EpisodeItem]], purpose: str) -> None:
@@ -267,6 +272,7 @@ class Orchestrator:
             if s.sample_id in self.ledger.trained:
                 raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
             self.ledger.trained.add(s.sample_id)
+            self._open_tasks.pop(s.group_id, None)
         # Every trainer rank gets the whole step; PolicyTrainer takes its token-balanced DP shard.
         work = TrainWork(step, samples, advantages, supervised)
         for rank in self.trainer_ranks:
@@ -291,11 +297,22 @@ class Orchestrator:
         return self._train_groups_open + len(self.ready)
 
     def top_up(self, target_groups: int) -> None:
+        """Dispatch training groups up to ``target_groups`` outstanding: a resumed checkpoint's in-flight ones first."""
         missing = target_groups - self.outstanding_groups()
-        if missing > 0:
-            tasks = [self.stream.next() for _ in range(missing)]
-            self.dispatch(self.new_groups(tasks, self.cfg.algorithm.group_size, "train"), "train")
-            self._train_groups_open += missing
+        if missing <= 0:
+            return
+        resumed, self._resumed = self._resumed[:missing], self._resumed[missing:]
+        groups = [self._train_group(group_id, cursor, *self.stream.at(cursor)) for group_id, cursor in resumed]
+        for _ in range(missing - len(resumed)):
+            cursor = self.stream.cursor
+            groups.append(self._train_group(f"t{self._next_group}", cursor, *self.stream.next()))
+            self._next_group += 1
+        self.dispatch(groups, "train")
+        self._train_groups_open += missing
+
+    def _train_group(self, group_id: str, cursor: int, task: Any, seed: int) -> list[EpisodeItem]:
+        self._open_tasks[group_id] = cursor
+        return _group(group_id, task, seed, self.cfg.algorithm.group_size)
 
     def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], int, int]:
         """Wait for ``prompts_per_step`` fresh groups; drop stale ones and (DAPO) all-equal ones, refilling."""
@@ -318,6 +335,7 @@ class Orchestrator:
                 continue
             self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
             self.ledger.dropped.update(s.sample_id for s in group)
+            self._open_tasks.pop(group[0].group_id, None)
             for s in group:
                 self._reward_s.pop(s.sample_id, None)
             self.top_up(target_groups + len(batch))
@@ -326,21 +344,25 @@ class Orchestrator:
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
-        """What an exact continuation needs: policy version, task cursor, id counter, ledger counts.
+        """What a continuation needs: policy version, task cursor, id counter, ledger counts, and the
+        training groups in flight (at a sync step boundary there are none).
 
-        Groups still in flight are not saved: at a sync step boundary there are none; under the
-        overlapping schedules their tasks are skipped on resume (logged here).
+        In-flight groups are saved as their tasks' stream cursors, not as samples: those came from older
+        policies (and may sit half-done at an engine), so a resumed run generates them again, first
+        and under the same group ids, with the restored policy. No task is skipped.
         """
-        if self.outstanding_groups():
-            logger.warning("checkpoint with %d training group(s) in flight: a resume skips their tasks", self.outstanding_groups())
+        in_flight = [*self._open_tasks.items(), *self._resumed]
+        if in_flight:
+            logger.info("checkpoint with %d training group(s) in flight: a resume generates them again first", len(in_flight))
         return {"version": self.version, "stream": self.stream.state_dict(), "next_group": self._next_group,
-                "dropped_stale": self.ledger.dropped_stale, "requeued_generation": self.ledger.requeued_generation,
-                "requeued_reward": self.ledger.requeued_reward}
+                "in_flight": in_flight, "dropped_stale": self.ledger.dropped_stale,
+                "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
         self.stream.load_state_dict(state["stream"])
         self._next_group = int(state["next_group"])
+        self._resumed = [(str(group_id), int(cursor)) for group_id, cursor in state["in_flight"]]
         self.ledger.dropped_stale = int(state["dropped_stale"])
         self.ledger.requeued_generation = int(state["requeued_generation"])
         self.ledger.requeued_reward = int(state["requeued_reward"])

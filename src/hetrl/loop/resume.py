@@ -8,7 +8,9 @@ is current: it sends :class:`Restore` to every trainer rank, gets the loop state
 its own and lets the engines take the loaded weights (they start from the initial policy).
 
 In the ``sync`` schedule nothing is in flight at a boundary, so a resumed run continues exactly as
-the uninterrupted one would have (tasks, sample ids, seeds, weights, optimizer, RNG).
+the uninterrupted one would have (tasks, sample ids, seeds, weights, optimizer, RNG). Under the
+overlapping schedules the groups in flight at the checkpoint are generated again first, with the
+restored policy and under their group ids: no task is skipped.
 """
 
 from __future__ import annotations

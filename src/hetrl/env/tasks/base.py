@@ -35,12 +35,12 @@ class TaskStream:
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
-        self._order = self._epoch_order()
+        self._order = self._epoch_order(0)
 
-    def _epoch_order(self) -> list[int]:
+    def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.source)))
         if self.shuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
     @property
@@ -56,11 +56,22 @@ class TaskStream:
         if self.position == len(self._order):
             self.epoch += 1
             self.position = 0
-            self._order = self._epoch_order()
+            self._order = self._epoch_order(self.epoch)
         seed = self.episode_seed(self.cursor)
         task = self.source[self._order[self.position]]
         self.position += 1
         return task, seed
+
+    def at(self, cursor: int) -> tuple[Task, int]:
+        """What :meth:`next` returned (or will return) at stream position ``cursor``; the stream stays put.
+
+        A checkpoint can so name tasks by position (plain ints) instead of pickling them.
+        """
+        if cursor < 0:
+            raise ValueError(f"stream cursor must be >= 0, got {cursor}")
+        epoch, position = divmod(cursor, len(self.source))
+        order = self._order if epoch == self.epoch else self._epoch_order(epoch)
+        return self.source[order[position]], self.episode_seed(cursor)
 
     def take(self, count: int) -> list[tuple[Task, int]]:
         return [self.next() for _ in range(count)]
@@ -79,7 +90,7 @@ class TaskStream:
             raise ValueError(f"task stream state out of range: {state}")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self._order = self._epoch_order()
+        self._order = self._epoch_order(self.epoch)
 
 
 class ProceduralSource(ABC):
