@@ -62,17 +62,25 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     A SIGINT/SIGTERM to the launcher is forwarded to the job as SIGTERM, which the ranks treat as a
     pre-emption: checkpoint at the next step boundary, exit with the requeue code. The job gets
     ``grace_s`` (default ``cluster.signal_grace_s``, the time Slurm would give it) before it is
-    killed; a second signal kills it at once. A job that ended by itself after the signal returns
-    its own code (0, or the requeue code); one that had to be stopped returns 128 + the signal.
+    killed; a second signal kills it at once. A job that had to be killed returns 128 + the signal.
+    One that ended by itself returns the requeue code if the orchestrator stopped at a checkpoint for
+    a requeue (its marker in the run directory decides, not mpiexec's code: mpiexec kills a rank
+    still in its interpreter's exit once the orchestrator has exited non-zero, and reports that),
+    else its own code (128 + the signal for a non-zero one after a signal).
     """
-    from hetrl.launch.sbatch import REQUEUE_EXIT_CODE
+    from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
+    marker = Path(run_dir) / REQUEUE_MARKER
+    marker.unlink(missing_ok=True)  # a previous process's; this one writes its own
     grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
     proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check), start_new_session=True)
     received: list[int] = []
+    killed = False
 
     def forward(signum, _frame):
-        _signal_group(proc, signal.SIGKILL if received else signal.SIGTERM)
+        nonlocal killed
+        killed = bool(received)
+        _signal_group(proc, signal.SIGKILL if killed else signal.SIGTERM)
         received.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -83,13 +91,16 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
                 break
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
+                killed = True
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _signal_group(proc, signal.SIGKILL)  # stragglers of a job that ended by itself
-    if received and code not in (0, REQUEUE_EXIT_CODE):
+    if killed:
         return 128 + received[0]
-    return code
+    if code != 0 and marker.exists():
+        return REQUEUE_EXIT_CODE
+    return 128 + received[0] if received and code != 0 else code
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -36,6 +36,9 @@ WORKER_MODULE = "hetrl.launch.worker"
 # The exit code of a rank that checkpointed on a pre-emption signal and wants to be requeued.
 # Must match the `REQUEUE_EXIT_CODE=` line of the templates (a test checks both).
 REQUEUE_EXIT_CODE = 3
+# Written into the run directory by the orchestrator when it stopped at a checkpoint for a requeue:
+# the local launcher's proof of a pre-emption, whatever exit code mpiexec reports for the job.
+REQUEUE_MARKER = "requeue-requested"
 # Environment a component without GPUs must not inherit from component 0 (Slurm copies the batch
 # shell's environment into every het component; only components with gres get it overwritten).
 GPU_ENV_LEAKS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS")

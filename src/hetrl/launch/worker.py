@@ -36,6 +36,7 @@ def _abort_on_exception(world, label: str) -> None:
     def hook(exc_type, exc, tb):
         sys.stderr.write(f"\n[hetrl] {label} crashed:\n{''.join(traceback.format_exception(exc_type, exc, tb))}")
         sys.stderr.flush()
+        logging.critical("crashed", exc_info=(exc_type, exc, tb))  # also in the role's own log
         world.Abort(1)
 
     sys.excepthook = hook
@@ -103,6 +104,8 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     except preempt.Preempted as stop:
         logging.warning("%s; exiting with %d for a requeue", stop, preempt.REQUEUE_EXIT_CODE)
         code = preempt.REQUEUE_EXIT_CODE
+        if ctx.role == "orchestrator":
+            preempt.mark_requeue(run_dir, stop.checkpoint)
     if ctx.role == "orchestrator":
         preempt.wait_for_byes(ctx)
     else:

@@ -18,14 +18,16 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hetrl.control.comm import RoleContext, Tag, poll, send
-from hetrl.launch.sbatch import REQUEUE_EXIT_CODE
+from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
 logger = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-__all__ = ["REQUEUE_EXIT_CODE", "Bye", "PreemptNotice", "Preempted", "install_handlers", "requested", "say_bye", "wait_for_byes"]
+__all__ = ["REQUEUE_EXIT_CODE", "Bye", "PreemptNotice", "Preempted", "install_handlers", "mark_requeue", "requested", "say_bye",
+           "wait_for_byes"]
 
 _received: list[int] = []  # signals this process got (process-global, like signal handlers)
 _notices: list[Any] = []  # isend requests of notices to the orchestrator (kept alive until sent)
@@ -49,6 +51,11 @@ class Preempted(Exception):
     def __init__(self, signum: int, checkpoint: str | None) -> None:
         super().__init__(f"pre-empted by signal {signum}; checkpoint: {checkpoint}")
         self.signum, self.checkpoint = signum, checkpoint
+
+
+def mark_requeue(run_dir: Path, checkpoint: str | None) -> None:
+    """Orchestrator: record in the run directory that the job stopped at ``checkpoint`` for a requeue."""
+    (Path(run_dir) / REQUEUE_MARKER).write_text(f"{checkpoint}\n")
 
 
 def install_handlers(ctx: RoleContext) -> None:
