@@ -130,9 +130,14 @@ class RolloutWorker:
         return True
 
     def _replace_engine(self, error: BaseException) -> None:
-        """Cancel the episodes the engine held, report them for re-queueing, rebuild the engine."""
-        logger.error("generation engine failed (%r): re-queueing %d episode(s) and rebuilding it", error, len(self._tasks))
-        for task, item in list(self._tasks.items()):
+        """Cancel the episodes the engine held, report them for re-queueing, rebuild the engine.
+
+        An episode task that is already done (its done-callback not yet run) has its sample among
+        the finished ones, maybe already sent: it is not re-queued, or its id would come back twice.
+        """
+        held = {task: item for task, item in self._tasks.items() if not task.done()}
+        logger.error("generation engine failed (%r): re-queueing %d episode(s) and rebuilding it", error, len(held))
+        for task, item in held.items():
             task.cancel()
             self._failed.append(item.sample_id)
         self._tasks.clear()
