@@ -123,7 +123,10 @@ def test_tiny_grpo_hetjob_learns(runs_root: Path) -> None:
     run_dir = submit(runs_root, "full")
     final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=5)
     assert final.state == "COMPLETED", slurm.logs(run_dir)
-    assert_tiny_grpo_learned(json.loads((run_dir / "summary.json").read_text()))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"tiny_grpo hetjob: held-out {summary['eval_before']:.3f} -> {summary['eval_after_warm_start']:.3f} (warm start) "
+          f"-> {summary['eval_after']:.3f} (RL)")
+    assert_tiny_grpo_learned(summary)
 
 
 def test_cancel_mid_run_leaves_no_process(runs_root: Path) -> None:
