@@ -30,7 +30,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
-from hetrl.loop.batching import advantages_for
+from hetrl.loop.batching import advantages_for, check_loop_support
 from hetrl.loop.work import (
     EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork, id_order,
 )
@@ -85,6 +85,7 @@ class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
         from hetrl.env.registry import build_task_stream
 
+        check_loop_support(cfg.algorithm)
         self.ctx, self.cfg, self.run_dir, self.tokenizer = ctx, cfg, run_dir, tokenizer
         self.stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed)
         self.engines = ctx.plan.ranks_of("rollout")
@@ -267,7 +268,7 @@ class Orchestrator:
     def train(self, step: int, groups: list[list[Sample]], supervised: bool = False) -> TrainDone:
         """Send one step's batch to the trainer ranks and wait for the new version."""
         samples = [s for g in groups for s in g]
-        advantages = [[1.0] * len(s.completion_ids) for s in samples] if supervised else advantages_for(self.cfg.algorithm, samples)
+        advantages = [[1.0] * len(s.completion_ids) for s in samples] if supervised else advantages_for(self.cfg.algorithm, samples, self.cfg.rollout.max_tokens)
         for s in samples:
             if s.sample_id in self.ledger.trained:
                 raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
