@@ -3,7 +3,7 @@
 import pytest
 
 from hetrl.config.algorithm import AlgorithmConfig
-from hetrl.loop.batching import advantages_for, check_loop_support
+from hetrl.loop.batching import advantages_for, check_loop_support, require_room
 from hetrl.types import Sample
 
 
@@ -26,3 +26,11 @@ def test_kl_folded_into_the_reward_is_refused_before_the_run():
     check_loop_support(AlgorithmConfig(name="grpo", kl_coef=0.1))
     with pytest.raises(ValueError, match="kl_in_reward=true is not supported by the RL loop"):
         check_loop_support(AlgorithmConfig(name="grpo", kl_coef=0.1, kl_in_reward=True))
+
+
+def test_a_batch_without_room_to_generate_is_a_config_error():
+    roomy, full = _sample("g0.0", 3, 0.0), _sample("g0.1", 0, 0.0)
+    full.info = {"stop_reason": "prompt_too_long"}
+    require_room([roomy, full], max_episode_tokens=16, what="evaluation")  # some had room: fine
+    with pytest.raises(ValueError, match=r"every prompt \(1, the shortest 2 tokens\) fills env.max_episode_tokens=16"):
+        require_room([full], max_episode_tokens=16, what="evaluation")

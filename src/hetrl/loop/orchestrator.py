@@ -30,7 +30,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
-from hetrl.loop.batching import advantages_for, check_loop_support
+from hetrl.loop.batching import advantages_for, check_loop_support, require_room
 from hetrl.loop.work import (
     EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork, id_order,
 )
@@ -260,6 +260,7 @@ class Orchestrator:
         while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
             self.pump(timeout_s=600)
         samples, self.results["eval"] = sorted(self.results["eval"], key=lambda s: id_order(s.sample_id)), []
+        require_room(samples, self.cfg.env.max_episode_tokens, "evaluation")
         mean_reward = sum(s.reward for s in samples) / len(samples)
         return mean_reward, eval_metrics(samples, ks=sorted({1, self.cfg.eval.k}))
 
@@ -268,6 +269,8 @@ class Orchestrator:
     def train(self, step: int, groups: list[list[Sample]], supervised: bool = False) -> TrainDone:
         """Send one step's batch to the trainer ranks and wait for the new version."""
         samples = [s for g in groups for s in g]
+        if not supervised:
+            require_room(samples, self.cfg.env.max_episode_tokens, f"RL step {step}")
         advantages = [[1.0] * len(s.completion_ids) for s in samples] if supervised else advantages_for(self.cfg.algorithm, samples, self.cfg.rollout.max_tokens)
         for s in samples:
             if s.sample_id in self.ledger.trained:
