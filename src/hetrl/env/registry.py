@@ -84,7 +84,8 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
         return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
     for key, value in (("options", cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
         if value is not None:
-            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym)")
+            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym): "
+                             f"set it to {'{}' if key == 'options' else 'null'}")
     return cls() if cfg.source == "human_eval" else cls(size=cfg.size, seed=seed)
 
 
