@@ -206,7 +206,7 @@ def test_crash_mid_save_leaves_latest_at_the_previous_checkpoint(resumed) -> Non
     assert checkpoint.latest_checkpoint(root) == root / "step_00000003"
 
 
-@pytest.mark.parametrize("layout", [{}, {"pipeline_parallel": 2}], ids=["tp1_dp2", "pp2"])
+@pytest.mark.parametrize("layout", [{}, {"pipeline_parallel": 2}, {"context_parallel": 2}], ids=["tp1_dp2", "pp2", "cp2"])
 def test_tp2_checkpoint_loads_into_another_layout(two_ranks, resumed, layout: dict) -> None:
     """Weights and Adam moments come back bit-exact in the other layout, and the LR schedule goes on."""
     root, ranks = resumed

@@ -1,4 +1,4 @@
-"""Per-token log-probs: vocab-parallel (TP=2 == TP=1), padding/packing/micro-batching invariant."""
+"""Per-token log-probs: vocab-parallel (TP=2 == TP=1), CP=2 == CP=1, padding/packing/micro-batching invariant."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def _tp_vs_tp1(rank: int, world_size: int) -> dict:
     tp2 = _logprobs(TrainerConfig(precision="fp32", tensor_parallel=2), micro_batch_size=3, pack_length=None)
     packed = _logprobs(TrainerConfig(precision="fp32"), micro_batch_size=2, pack_length=24)
     single = _logprobs(TrainerConfig(precision="fp32"), micro_batch_size=1, pack_length=None, temperature=0.7)
-    return {"tp1": tp1, "tp2": tp2, "packed": packed, "single_t07": single}
+    cp2 = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=3, pack_length=None)
+    cp2_packed = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=2, pack_length=24)
+    return {"tp1": tp1, "tp2": tp2, "packed": packed, "single_t07": single, "cp2": cp2, "cp2_packed": cp2_packed}
 
 
 def _reference_logprobs(rank: int, world_size: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +63,7 @@ def _reference_logprobs(rank: int, world_size: int, temperature: float) -> tuple
         destroy_parallel()
 
 
-def test_tp2_matches_tp1_and_packing_and_microbatching_do_not_change_logprobs(two_ranks) -> None:
+def test_tp2_and_cp2_match_tp1_and_packing_and_microbatching_do_not_change_logprobs(two_ranks) -> None:
     results = two_ranks.run(_tp_vs_tp1)
     ref_lp, ref_ent = two_ranks.run(_reference_logprobs, 1.0)[0]
     ref_lp07, ref_ent07 = two_ranks.run(_reference_logprobs, 0.7)[0]
@@ -70,7 +72,7 @@ def test_tp2_matches_tp1_and_packing_and_microbatching_do_not_change_logprobs(tw
         assert tp1_lp.shape == ref_lp.shape
         torch.testing.assert_close(tp1_lp, ref_lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(tp1_ent, ref_ent, atol=1e-5, rtol=0)
-        for key in ("tp2", "packed"):
+        for key in ("tp2", "packed", "cp2", "cp2_packed"):
             torch.testing.assert_close(r[key][0], tp1_lp, atol=1e-5, rtol=0, msg=lambda m: f"{key} logprobs: {m}")
             torch.testing.assert_close(r[key][1], tp1_ent, atol=1e-5, rtol=0, msg=lambda m: f"{key} entropy: {m}")
         torch.testing.assert_close(r["single_t07"][0], ref_lp07, atol=1e-5, rtol=0)

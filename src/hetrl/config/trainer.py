@@ -13,7 +13,9 @@ class TrainerConfig(Section):
     tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size (TP) of the trainer.")
     pipeline_parallel: int = Field(1, ge=1, description="Pipeline-parallel size (PP).")
     expert_parallel: int = Field(1, ge=1, description="Expert-parallel size (EP), MoE models only.")
-    context_parallel: int = Field(1, ge=1, description="Context-parallel size (CP) for long sequences.")
+    context_parallel: int = Field(
+        1, ge=1, description="Context-parallel size (CP) for long sequences: each rank holds 2 of 2 x CP chunks of every row (all-gather attention on the local spec, transformer-engine's own CP on GPU)."
+    )
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tensor_parallel > 1; GPU only).")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="Training precision: bf16 on GPUs; CPU runs must use fp32.")
     transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
@@ -37,7 +39,7 @@ class TrainerConfig(Section):
         1, ge=1, description="Optimizer steps per rollout batch: the batch is split into this many minibatches (whole groups), all scored by the policy the step started from (PPO's ratio then departs from 1)."
     )
     pack_length: int | None = Field(
-        None, ge=16, description="Pack several samples into rows of at most this many tokens (local layer spec); null = one sample per row, right-padded."
+        None, ge=16, description="Pack several samples into rows of at most this many tokens (local layer spec only); null = one sample per row, right-padded."
     )
     recompute_activations: bool = Field(False, description="Activation recomputation to save memory.")
 

@@ -87,6 +87,14 @@ class TrainBatch:
         rows, length = self.shape
         return replace(self, micro_batches=[_pad_rows(mb, rows, length) for mb in self.micro_batches])
 
+    def with_length_multiple(self, multiple: int) -> "TrainBatch":
+        """Every micro-batch's rows right-padded to a multiple of ``multiple`` tokens (context-parallel slicing)."""
+        def pad(mb: MicroBatch) -> MicroBatch:
+            rows, length = mb.tokens.shape
+            return _pad_rows(mb, rows, -(-length // multiple) * multiple)
+
+        return replace(self, micro_batches=[pad(mb) for mb in self.micro_batches])
+
     def scatter(self, per_micro_batch: Sequence[Tensor]) -> Tensor:
         """Sample-space tensors of each micro-batch ``[n, Tc_mb]`` -> one ``[N, Tc]`` in batch order."""
         out = torch.zeros(self.num_samples, self.max_completion_len, dtype=torch.float32)

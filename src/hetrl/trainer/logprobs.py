@@ -13,6 +13,8 @@ trainer's log-probs (and the importance ratios built from them) refer to the sam
 :func:`forward_logprobs` runs megatron's forward-only schedule over the micro-batches of a
 :class:`hetrl.trainer.batch.TrainBatch` (pipeline-parallel when PP > 1: only the last stage
 computes log-probs, then it broadcasts them over the pipeline group so every rank returns them).
+Under context parallelism each rank feeds the model its slice of every row and gets whole rows of
+log-probs back (:func:`sample_logprobs`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from hetrl.trainer import context_parallel
 from hetrl.trainer.batch import MicroBatch, TrainBatch
 from hetrl.trainer.parallel import ParallelGroups
 
@@ -76,10 +79,34 @@ def to_sample_space(per_position: Tensor, mb: MicroBatch) -> Tensor:
     return per_position.reshape(-1)[mb.gather_index.to(per_position.device)]
 
 
-def model_forward(model: torch.nn.Module, mb: MicroBatch, device: torch.device) -> Tensor:
-    """One micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden."""
-    mask = None if mb.attention_mask is None else mb.attention_mask.to(device)
-    return model(mb.tokens.to(device), mb.position_ids.to(device), mask)
+def sample_logprobs(
+    logits: Tensor,
+    mb: MicroBatch,
+    groups: ParallelGroups,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Sample-space ``(log-probs, entropy or None)`` ``[n, Tc]`` of a micro-batch, 0 off the loss mask.
+
+    ``logits`` are the model's output for this rank's slice of the micro-batch (all of it without
+    context parallelism). Under CP the per-position values are gathered into whole rows first, so
+    the loss sees whole sequences (``hetrl.trainer.context_parallel`` explains the gradients).
+    """
+    labels = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank).labels.to(logits.device)
+    lp, ent = token_logprobs(logits, labels, tp_group=groups.tp, temperature=temperature, with_entropy=with_entropy)
+    mask = mb.loss_mask.to(lp.device)
+    if groups.cp_size > 1:
+        lp = context_parallel.gather_sequence(lp, groups.pg_collection.cp, dim=1, sum_grads=False)
+        ent = None if ent is None else context_parallel.gather_sequence(ent, groups.pg_collection.cp, dim=1, sum_grads=False)
+    return to_sample_space(lp, mb) * mask, None if ent is None else to_sample_space(ent, mb) * mask
+
+
+def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups) -> Tensor:
+    """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden."""
+    local = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank)
+    mask = None if local.attention_mask is None else local.attention_mask.to(groups.device)
+    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), mask)
 
 
 def run_schedule(
@@ -102,12 +129,14 @@ def run_schedule(
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
     if groups.pp_size > 1:
         batch = batch.uniform()  # p2p transfers between stages assume one activation shape
+    if groups.cp_size > 1:
+        batch = batch.with_length_multiple(2 * groups.cp_size)  # each CP rank holds 2 equal chunks of a row
     rows, length = batch.shape
     micro: Iterator[MicroBatch] = iter(batch.micro_batches)
 
     def forward_step(data_iterator: Iterator[MicroBatch], chunk: torch.nn.Module):
         mb = next(data_iterator)
-        return model_forward(chunk, mb, groups.device), lambda output: loss_func(mb, output)
+        return model_forward(chunk, mb, groups), lambda output: loss_func(mb, output)
 
     schedule = get_forward_backward_func(pp_size=groups.pp_size)
     extra = {}
@@ -148,11 +177,8 @@ def forward_logprobs(
     """Sample-space ``(logprobs, entropy or None)`` ``[N, Tc]`` of the batch's completion tokens (0 off-mask)."""
 
     def collect(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
-        lp, ent = token_logprobs(logits, mb.labels.to(logits.device), tp_group=groups.tp,
-                                 temperature=temperature, with_entropy=with_entropy)
-        out = {"logprobs": to_sample_space(lp, mb) * mb.loss_mask.to(lp.device)}
-        if ent is not None:
-            out["entropy"] = to_sample_space(ent, mb) * mb.loss_mask.to(lp.device)
+        lp, ent = sample_logprobs(logits, mb, groups, temperature=temperature, with_entropy=with_entropy)
+        out = {"logprobs": lp} if ent is None else {"logprobs": lp, "entropy": ent}
         return logits.new_zeros(()), out
 
     was_training = model.training

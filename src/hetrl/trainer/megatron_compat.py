@@ -12,9 +12,10 @@ Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
 * a process-wide :class:`torch.overrides.TorchFunctionMode` that rewrites every CUDA device
   argument (``"cuda"``, ``torch.device("cuda", i)``, a bare index) to ``cpu``, turns
   ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 CPU tensors as
-  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above). Autograd runs
-  backward functions outside any function mode, so what backward passes need is patched at the
-  source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's split sizes
+  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above), and drops
+  ``pin_memory`` requests (page-locked memory needs an accelerator; it only speeds copies to one).
+  Autograd runs backward functions outside any function mode, so what backward passes need is
+  patched at the source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's split sizes
   become host arrays (it converts only CUDA tensors);
 * ``torch.cuda`` functions that would raise "Torch not compiled with CUDA enabled" become CPU
   stand-ins: ``current_device() -> torch.device("cpu")``, stream/event objects whose
@@ -63,12 +64,15 @@ class _CpuAsCudaMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch protocol
         kwargs = kwargs or {}
-        if func is torch.Tensor.cuda or func is torch.Tensor.record_stream:
-            return args[0] if func is torch.Tensor.cuda else None
+        if func in (torch.Tensor.cuda, torch.Tensor.pin_memory):
+            return args[0]
+        if func is torch.Tensor.record_stream:
+            return None
         if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].dtype == torch.float32:
             return "torch.cuda.FloatTensor"
         if "device" in kwargs:
             kwargs["device"] = _to_cpu_device(kwargs["device"])
+        kwargs.pop("pin_memory", None)  # pinned host memory only serves async copies to a GPU
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _to_cpu_device(args[1]), *args[2:])
         return func(*args, **kwargs)

@@ -12,7 +12,9 @@ qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over 
 =========  ==================================================================================
 
 The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
-is installed (``trainer.transformer_impl``). The model is built for this rank's pipeline stage
+is installed (``trainer.transformer_impl``); the local spec's core attention is ours
+(``hetrl.trainer.context_parallel.AllGatherAttention``: torch's fused attention, and context
+parallelism, which megatron's local attention lacks). The model is built for this rank's pipeline stage
 (``pre_process``/``post_process``) and shards (TP/EP), on this rank's device, in the trainer's
 precision.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +37,7 @@ import torch.nn.functional as F
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer import megatron_compat
+from hetrl.trainer.context_parallel import AllGatherAttention
 
 # HF initialiser_range of Llama/Qwen configs; random-init models should look like theirs.
 _INIT_STD = 0.02
@@ -156,10 +160,16 @@ def build_gpt_model(
     config = transformer_config(model_cfg, trainer_cfg)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    with_te = use_transformer_engine(trainer_cfg)
+    if with_te and trainer_cfg.pack_length:
+        # transformer-engine's attention ignores an arbitrary mask under its causal type: packed rows
+        # would attend across samples. Its packed form (THD PackedSeqParams) is not wired in yet.
+        raise ValueError("trainer.pack_length needs the local layer spec: set trainer.transformer_impl=local or trainer.pack_length=null")
     block_spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=use_transformer_engine(trainer_cfg), normalization="RMSNorm",
-        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        config, use_transformer_engine=with_te, normalization="RMSNorm", pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
+    if not with_te:
+        block_spec = _with_core_attention(block_spec, AllGatherAttention)
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec,
@@ -176,6 +186,20 @@ def build_gpt_model(
     init_layout_independent(model, model_cfg, trainer_cfg, seed)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return model.to(device)
+
+
+def _with_core_attention(block_spec, core_attention: type):  # noqa: ANN001, ANN202 - megatron spec types
+    """The local block spec with every layer's core attention replaced (specs are shared: copy, never mutate).
+
+    megatron's local ``DotProductAttention`` refuses context parallelism and does not use torch's
+    fused attention kernels; :class:`hetrl.trainer.context_parallel.AllGatherAttention` does both.
+    """
+    def swap(layer_spec):  # noqa: ANN001, ANN202
+        attention = layer_spec.submodules.self_attention
+        attention = replace(attention, submodules=replace(attention.submodules, core_attention=core_attention))
+        return replace(layer_spec, submodules=replace(layer_spec.submodules, self_attention=attention))
+
+    return replace(block_spec, layer_specs=[swap(spec) for spec in block_spec.layer_specs])
 
 
 def global_param_name(local_name: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pp_rank: int, ep_rank: int) -> str:

@@ -90,8 +90,6 @@ def check_layout(cfg: TrainerConfig, world_size: int, *, has_gpu: bool) -> int:
             raise ValueError("trainer.sequence_parallel=true does not work on CPU (megatron's LayerNorm path); set it false")
         if cfg.precision != "fp32":
             raise ValueError(f"trainer.precision={cfg.precision!r} on CPU: use fp32 (bf16 is emulated and ~5x slower)")
-        if cfg.context_parallel > 1:
-            raise ValueError("trainer.context_parallel > 1 needs transformer-engine attention (GPU); set it to 1 on CPU")
     return dp
 
 

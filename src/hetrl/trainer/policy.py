@@ -31,7 +31,7 @@ from hetrl.monitor import names
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
 from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch, shard_for_data_parallel
-from hetrl.trainer.logprobs import forward_logprobs, run_schedule, to_sample_space, token_logprobs
+from hetrl.trainer.logprobs import forward_logprobs, run_schedule, sample_logprobs
 from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
@@ -63,8 +63,6 @@ class PolicyTrainer:
         max_len: int | None = None,
         with_reference: bool | None = None,
     ) -> None:
-        if trainer_cfg.context_parallel > 1:
-            raise ValueError("trainer.context_parallel > 1 is not supported by PolicyTrainer yet (sequence sharding of RL batches); set it to 1")
         self.model_cfg, self.trainer_cfg, self.algo_cfg = model_cfg, trainer_cfg, algo_cfg
         self.groups = groups or init_parallel(trainer_cfg)
         self.temperature, self.max_len = temperature, max_len
@@ -167,17 +165,16 @@ class PolicyTrainer:
         need_entropy = self.algo_cfg.entropy_coef > 0
 
         def loss_func(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            lp, ent = token_logprobs(logits, mb.labels.to(logits.device), tp_group=self.groups.tp,
-                                     temperature=self.temperature, with_entropy=need_entropy)
+            lp, ent = sample_logprobs(logits, mb, self.groups, temperature=self.temperature, with_entropy=need_entropy)
             mask = mb.loss_mask.to(lp.device)
             inputs = LossInputs(
-                logprobs=to_sample_space(lp, mb) * mask,
+                logprobs=lp,
                 old_logprobs=batch.gather(local_old, mb),
                 advantages=mb.advantages.to(lp.device),
                 mask=mask,
                 rollout_logprobs=mb.rollout_logprobs.to(lp.device),
                 ref_logprobs=None if local_ref is None else batch.gather(local_ref, mb),
-                entropy=None if ent is None else to_sample_space(ent, mb) * mask,
+                entropy=ent,
             )
             loss, metrics = compute_loss(self.algo_cfg, inputs, num_global_tokens=num_tokens, num_global_seqs=num_seqs,
                                          max_len=self.max_len)
