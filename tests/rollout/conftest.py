@@ -28,3 +28,11 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     cfg = tiny_model_config()
     # init_std 0.1 spreads the logits, so greedy decoding has no fp32 near-ties between HF and vLLM.
     return {name: build_random_hf_checkpoint(cfg, root / name, seed=seed, init_std=0.1) for name, seed in (("a", 1), ("b", 2))}
+
+
+@pytest.fixture(scope="session")
+def hf(checkpoints):
+    """The HF reference models of the checkpoints, in fp32."""
+    from tests.rollout.helpers import load_hf
+
+    return {name: load_hf(path) for name, path in checkpoints.items()}

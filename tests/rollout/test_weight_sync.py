@@ -3,56 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from hetrl.config.rollout import RolloutConfig
 from hetrl.transport.weights import WeightSyncError, bucketize, build_weight_receiver, build_weight_sender
-from hetrl.types import GenerationRequest, SamplingParams
-from tests.rollout.helpers import load_hf, push_over_gloo
+from tests.rollout.helpers import BUCKET_BYTES, NEW_TOKENS, PROMPTS, engine_greedy, greedy_engine, greedy_requests, hf_greedy, push_over_gloo, state_of
 
 pytestmark = pytest.mark.vllm
-
-NEW_TOKENS = 16
-BUCKET_BYTES = 64 << 10  # many buckets even for the tiny model
 
 
 @pytest.fixture(scope="module")
 def engine(checkpoints):
-    from hetrl.rollout.engine import GenerationEngine
-
-    cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=16, temperature=0.0)
-    eng = GenerationEngine(checkpoints["a"], cfg, seed=0)
+    eng = greedy_engine(checkpoints["a"])
     yield eng
     eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def hf(checkpoints):
-    return {name: load_hf(path) for name, path in checkpoints.items()}
-
-
-PROMPTS = [[5, 17, 33, 9, 60, 41], [70, 12, 8, 8, 91], [44, 3, 29, 77, 15, 16, 52, 6]]
-
-
-def hf_greedy(model, prompt: list[int], max_new_tokens: int = NEW_TOKENS) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-    return out[0, len(prompt) :].tolist()
-
-
-def greedy_requests(tag: str, max_tokens: int = NEW_TOKENS) -> list[GenerationRequest]:
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return [GenerationRequest(f"{tag}{i}", prompt, sampling) for i, prompt in enumerate(PROMPTS)]
-
-
-def engine_greedy(engine, tag: str) -> dict[int, tuple[list[int], list[int]]]:
-    results = engine.generate(greedy_requests(tag))
-    return {int(r.request_id.removeprefix(tag)): (r.response_ids, r.versions) for r in results}
-
-
-def state_of(model) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 def test_sync_mid_generation_resumes_with_new_weights_and_tags_versions(engine, hf):

@@ -41,6 +41,6 @@ class RolloutConfig(Section):
         None, ge=16, description="Tokens per engine step (vLLM max_num_batched_tokens); null = vLLM's default. Larger values avoid split prefills."
     )
     cpu_threads_bind: str | None = Field(
-        None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1' (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use."
+        None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1', or '0-3|4-7' per TP worker (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use, split evenly over the TP workers."
     )
     partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")

