@@ -67,15 +67,18 @@ def _cp_vs_baseline(rank: int, world_size: int) -> dict:
     # micro-batches: without it the two layouts must agree exactly.
     moe = MOE.model_copy(update={"moe_aux_loss_coeff": 0.0})
     moe_base = base.model_copy(update={"expert_parallel": 2})
+    packed_dp2 = _train(packed, DENSE, 2)
     return {
         "dense": (_train(base, DENSE, 2), _train(base.model_copy(update=cp2), DENSE, 2)),
-        "packed": (_train(packed, DENSE, 2), _train(packed.model_copy(update=cp2), DENSE, 2)),
+        "packed": (packed_dp2, _train(packed.model_copy(update=cp2), DENSE, 2)),
+        "packed_pp2": (packed_dp2, _train(packed.model_copy(update={"pipeline_parallel": 2}), DENSE, 2)),
         "moe": (_train(moe_base, moe, 2), _train(moe_base.model_copy(update=cp2), moe, 2)),
     }
 
 
 def test_cp2_reproduces_the_data_parallel_run(two_ranks) -> None:
-    """CP=2 (each rank holds half of every row) trains exactly as DP=2: dense, packed rows, MoE with EP=2."""
+    """CP=2 (each rank holds half of every sample) trains exactly as DP=2: dense, packed (THD) rows,
+    MoE with EP=2; packed rows through a PP=2 pipeline too."""
     for rank_result in two_ranks.run(_cp_vs_baseline):
         for case, (base, cp) in rank_result.items():
             for step, (got, want) in enumerate(zip(cp["history"], base["history"])):

@@ -39,7 +39,7 @@ class TrainerConfig(Section):
         1, ge=1, description="Optimizer steps per rollout batch: the batch is split into this many minibatches (whole groups), all scored by the policy the step started from (PPO's ratio then departs from 1)."
     )
     pack_length: int | None = Field(
-        None, ge=16, description="Pack several samples into rows of at most this many tokens (local layer spec only); null = one sample per row, right-padded."
+        None, ge=16, description="Pack samples into bins of at most this many tokens; a micro-batch of micro_batch_size bins runs as one THD row (attention stays within each sample). null = one sample per row, right-padded."
     )
     recompute_activations: bool = Field(False, description="Activation recomputation to save memory.")
 

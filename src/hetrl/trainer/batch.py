@@ -2,9 +2,10 @@
 
 Two spaces, kept apart on purpose:
 
-* **model space** — what the network eats: rows of token ids ``[R, T]`` (one sample per row, right
-  padded; or several samples packed into one row, with position ids restarting per sample and a
-  block-diagonal causal mask), plus the next-token ``labels``;
+* **model space** — what the network eats: rows of token ids ``[R, T]``, one sample per row, right
+  padded; or, packed, every sample of the micro-batch one after the other in a single row ``[1, t]``
+  (megatron's THD layout: ``cu_seqlens`` mark where each sample starts, attention stays inside a
+  sample, position ids restart per sample), plus the next-token ``labels``;
 * **sample space** — what the loss eats: one row per sample and one column per *completion*
   token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
   ``hetrl.trainer.algorithms.compute_advantages``'s output (see :func:`completion_tensors`).
@@ -23,6 +24,7 @@ all-to-alls and pipeline schedules need.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -41,7 +43,10 @@ class MicroBatch:
     tokens: Tensor  # [R, T] long
     position_ids: Tensor  # [R, T] long
     labels: Tensor  # [R, T] long, tokens shifted left by one (PAD past the end of a row)
-    attention_mask: Tensor | None  # [R, 1, T, T] bool, True = masked; packed rows only
+    # Packed (THD) micro-batches only, int32 [n + 1]: cumulative real lengths of the samples, and
+    # where each one's span starts in the row (spans may end in padding, see with_length_multiple).
+    cu_seqlens: Tensor | None
+    cu_seqlens_padded: Tensor | None
     gather_index: Tensor  # [n, Tc] long, flat index into [R * T] per-position log-probs
     loss_mask: Tensor  # [n, Tc] float, 1 for policy tokens
     rollout_logprobs: Tensor  # [n, Tc] float, engine log-probs (0 off-mask)
@@ -52,6 +57,14 @@ class MicroBatch:
     @property
     def num_samples(self) -> int:
         return len(self.sample_indices)
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """``(start, length)`` of each attention span of a row: the packed samples, or the whole row."""
+        if self.cu_seqlens_padded is None:
+            return [(0, self.tokens.shape[1])]
+        bounds = self.cu_seqlens_padded.tolist()
+        return [(start, end - start) for start, end in zip(bounds[:-1], bounds[1:])]
 
 
 @dataclass
@@ -88,8 +101,14 @@ class TrainBatch:
         return replace(self, micro_batches=[_pad_rows(mb, rows, length) for mb in self.micro_batches])
 
     def with_length_multiple(self, multiple: int) -> "TrainBatch":
-        """Every micro-batch's rows right-padded to a multiple of ``multiple`` tokens (context-parallel slicing)."""
+        """Every attention span a multiple of ``multiple`` tokens (context-parallel slicing).
+
+        Rows are right-padded; packed samples each get their own padding, so that every CP rank
+        holds its share of every sample (what transformer-engine's THD context parallelism needs).
+        """
         def pad(mb: MicroBatch) -> MicroBatch:
+            if mb.cu_seqlens_padded is not None:
+                return _pad_spans(mb, multiple)
             rows, length = mb.tokens.shape
             return _pad_rows(mb, rows, -(-length // multiple) * multiple)
 
@@ -175,26 +194,24 @@ def _pack_rows(lengths: Sequence[int], pack_length: int) -> list[list[int]]:
     return rows
 
 
-def _block_causal_mask(segments: Tensor) -> Tensor:
-    """``[R, 1, T, T]`` bool mask (True = masked): causal within a segment, nothing across (-1 = pad)."""
-    length = segments.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
-    allowed = same & causal
-    allowed |= torch.eye(length, dtype=torch.bool)  # a pad position attends to itself: no all-masked softmax row
-    return ~allowed[:, None]
+def _cumulative(lengths: Sequence[int]) -> Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
 
 
 def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]],
                        advantages: Tensor, packed: bool) -> MicroBatch:
-    """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch."""
+    """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch.
+
+    Unpacked, each row holds one sample; packed, the rows' samples follow each other in one row.
+    """
+    if packed:
+        rows = [[k for row in rows for k in row]]
     seqs = [samples[indices[k]] for row in rows for k in row]
     length = max(sum(len(samples[indices[k]].prompt_ids) + len(samples[indices[k]].completion_ids) for k in row) for row in rows)
     width = max(max((len(s.completion_ids) for s in seqs), default=0), 1)
     num_rows, n = len(rows), len(seqs)
     tokens = torch.full((num_rows, length), PAD_TOKEN_ID, dtype=torch.long)
     positions = torch.zeros_like(tokens)
-    segments = torch.full_like(tokens, -1)
     gather = torch.zeros(n, width, dtype=torch.long)
     loss_mask, rollout, adv = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
     order: list[int] = []
@@ -209,20 +226,24 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
                 raise ValueError(f"sample {s.sample_id} has an empty prompt: its first token has nothing to condition on")
             tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
             positions[r, offset:offset + len(ids)] = torch.arange(len(ids))
-            segments[r, offset:offset + len(ids)] = i
             gather[i, :c] = r * length + offset + p - 1 + torch.arange(c)
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
             adv[i, :c] = advantages[indices[k], :c]
             order.append(indices[k])
             offset += len(ids)
-    labels = torch.cat([tokens[:, 1:], torch.full((num_rows, 1), PAD_TOKEN_ID, dtype=torch.long)], dim=1)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
+    cu = _cumulative(lengths) if packed else None
     return MicroBatch(
-        tokens=tokens, position_ids=positions, labels=labels,
-        attention_mask=_block_causal_mask(segments) if packed else None,
+        tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=cu, cu_seqlens_padded=cu,
         gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=adv * loss_mask,
-        sample_indices=order, num_tokens=int((segments >= 0).sum()),
+        sample_indices=order, num_tokens=sum(lengths),
     )
+
+
+def _shift_left(tokens: Tensor) -> Tensor:
+    """Next-token labels: position ``t`` predicts token ``t + 1`` (PAD past the end of a row)."""
+    return torch.cat([tokens[:, 1:], torch.full((tokens.shape[0], 1), PAD_TOKEN_ID, dtype=torch.long)], dim=1)
 
 
 def build_train_batch(
@@ -237,8 +258,8 @@ def build_train_batch(
     """Micro-batches of ``samples`` (this rank's share), balanced by tokens.
 
     Without ``pack_length`` each micro-batch holds up to ``micro_batch_size`` samples, one per row.
-    With it, samples are first packed into rows of at most ``pack_length`` tokens, and each
-    micro-batch holds up to ``micro_batch_size`` rows. ``advantages`` are ``[N]`` (per sample) or
+    With it, samples are first packed into bins of at most ``pack_length`` tokens, and each
+    micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. ``advantages`` are ``[N]`` (per sample) or
     ``[N, Tc]`` (sample space); None means zeros (log-prob passes). ``global_indices`` places
     these samples in the step's full batch of ``num_global_samples`` (default: they are all of it).
     """
@@ -274,28 +295,54 @@ def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: in
 
 def _filler(template: MicroBatch) -> MicroBatch:
     """A one-row, one-sample micro-batch with nothing to learn from (every mask 0)."""
-    tokens = torch.full((1, template.tokens.shape[1]), PAD_TOKEN_ID, dtype=torch.long)
+    length = template.tokens.shape[1]
+    tokens = torch.full((1, length), PAD_TOKEN_ID, dtype=torch.long)
     zeros = torch.zeros(1, 1)
+    cu = None if template.cu_seqlens is None else _cumulative([length])
     return MicroBatch(
-        tokens=tokens, position_ids=torch.zeros_like(tokens), labels=tokens.clone(),
-        attention_mask=None if template.attention_mask is None else _block_causal_mask(torch.zeros_like(tokens)),
+        tokens=tokens, position_ids=torch.zeros_like(tokens), labels=tokens.clone(), cu_seqlens=cu, cu_seqlens_padded=cu,
         gather_index=torch.zeros(1, 1, dtype=torch.long), loss_mask=zeros, rollout_logprobs=zeros.clone(),
         advantages=zeros.clone(), sample_indices=[], num_tokens=0,
     )
 
 
 def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
-    """``mb`` with pad rows/columns added to ``[rows, length]``; the gather index is re-based."""
+    """``mb`` with pad rows/columns added to ``[rows, length]``; the gather index is re-based.
+
+    A packed row grows by one more span of padding (its own "sample", which no loss reads).
+    """
     r, t = mb.tokens.shape
     if (r, t) == (rows, length):
         return mb
+    if mb.cu_seqlens is not None and rows != 1:
+        raise ValueError(f"a packed micro-batch is one row; cannot pad it to {rows} rows")
     grow = (0, length - t, 0, rows - r)
     tokens = torch.nn.functional.pad(mb.tokens, grow, value=PAD_TOKEN_ID)
-    mask = mb.attention_mask
-    if mask is not None:
-        mask = torch.ones(rows, 1, length, length, dtype=torch.bool)
-        mask[:r, :, :t, :t] = mb.attention_mask
-        mask[:, :, torch.arange(length), torch.arange(length)] = False
+    cu, cu_padded = mb.cu_seqlens, mb.cu_seqlens_padded
+    if cu is not None and length > t:
+        cu = torch.cat([cu, cu[-1:] + (length - t)])
+        cu_padded = torch.cat([cu_padded, torch.tensor([length], dtype=torch.int32)])
     gather = (mb.gather_index // t) * length + mb.gather_index % t
     return replace(mb, tokens=tokens, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
-                   labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), attention_mask=mask, gather_index=gather)
+                   labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
+                   gather_index=gather)
+
+
+def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
+    """A packed micro-batch with every sample's span padded to a multiple of ``multiple`` tokens.
+
+    The real lengths (``cu_seqlens``) stay; the spans (``cu_seqlens_padded``) grow.
+    """
+    old = mb.spans
+    lengths = [-(-span // multiple) * multiple for _, span in old]
+    if lengths == [span for _, span in old]:
+        return mb
+    cu_padded = _cumulative(lengths)
+    moved = torch.arange(mb.tokens.shape[1])  # old position -> new position
+    for (start, span), new_start in zip(old, cu_padded.tolist()):
+        moved[start:start + span] += new_start - start
+    tokens = torch.full((1, int(cu_padded[-1])), PAD_TOKEN_ID, dtype=torch.long)
+    tokens[0, moved] = mb.tokens[0]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    return replace(mb, tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
+                   gather_index=moved[mb.gather_index])

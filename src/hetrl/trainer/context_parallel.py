@@ -3,16 +3,17 @@
 Why: RL responses of tens of thousands of tokens do not fit one device's activations; CP splits
 the sequence dimension of every micro-batch over the ranks of the context-parallel group.
 
-Layout (megatron's, so its rotary embedding slices itself to match): a row of ``T`` tokens
-(``T`` a multiple of ``2 * cp``) is cut into ``2 * cp`` chunks, and CP rank ``r`` holds chunks ``r``
-and ``2 * cp - 1 - r``. Under a causal mask early chunks are cheap and late ones dear; pairing
+Layout (megatron's and transformer-engine's, so megatron's rotary embedding slices itself to
+match): every attention span (a row, or each sample of a packed THD row, its length padded to a
+multiple of ``2 * cp``) is cut into ``2 * cp`` chunks, and CP rank ``r`` holds chunks ``r`` and
+``2 * cp - 1 - r`` of each. Under a causal mask early chunks are cheap and late ones dear; pairing
 them gives every rank the same attention work (:func:`local_positions`).
 
 What crosses ranks, and why the gradients add up:
 
 * **attention** — :class:`AllGatherAttention` (the local layer spec's core attention) all-gathers
-  keys and values over the CP group and attends this rank's queries to the whole sequence, with
-  the causal (or packed block-causal) mask taken at the queries' global positions. Its backward
+  keys and values over the CP group and attends this rank's queries to the whole span, with the
+  causal mask taken at the queries' global positions. Its backward
   sums the key/value gradients of every rank's queries (:func:`gather_sequence` with
   ``sum_grads=True``). This is the all-gather form of CP (as in Llama 3 training): simple and exact,
   at the cost of holding the full K/V per rank. transformer-engine's attention brings its own
@@ -29,6 +30,8 @@ What crosses ranks, and why the gradients add up:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -39,45 +42,47 @@ from torch import Tensor
 from hetrl.trainer.batch import MicroBatch
 
 
-def local_positions(length: int, cp_size: int, cp_rank: int) -> Tensor:
-    """Positions ``[length / cp]`` (of a row of ``length``) that CP rank ``cp_rank`` holds, in order."""
-    if length % (2 * cp_size):
-        raise ValueError(f"a context-parallel row must be a multiple of 2 x cp = {2 * cp_size} tokens, got {length}")
-    chunk = length // (2 * cp_size)
-    first, second = cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk
-    return torch.cat([torch.arange(first, first + chunk), torch.arange(second, second + chunk)])
+def local_positions(spans: Sequence[tuple[int, int]], cp_size: int, cp_rank: int) -> Tensor:
+    """Row positions CP rank ``cp_rank`` holds, in order: chunks ``r`` and ``2cp-1-r`` of every span.
+
+    ``spans`` are ``(start, length)`` of the attention spans of a row: the whole row, or each
+    packed sample (``MicroBatch.spans``); every length must be a multiple of ``2 * cp``.
+    """
+    held = []
+    for start, length in spans:
+        if length % (2 * cp_size):
+            raise ValueError(f"a context-parallel span must be a multiple of 2 x cp = {2 * cp_size} tokens, got {length}")
+        chunk = length // (2 * cp_size)
+        for index in (cp_rank, 2 * cp_size - 1 - cp_rank):
+            held.append(torch.arange(start + index * chunk, start + (index + 1) * chunk))
+    return torch.cat(held) if held else torch.zeros(0, dtype=torch.long)
 
 
 def shard_micro_batch(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
     """This rank's slice of a micro-batch's model-space inputs (sample-space fields stay whole).
 
-    The labels, positions and tokens keep their columns at :func:`local_positions`; a packed
-    block-causal mask keeps the rows of the local queries and every key column.
+    Tokens, positions and labels keep their columns at :func:`local_positions`; the packed layout
+    (``cu_seqlens``) stays that of the whole row, which is what attention and RoPE are told.
     """
     if cp_size == 1:
         return mb
-    keep = local_positions(mb.tokens.shape[1], cp_size, cp_rank)
-    mask = None if mb.attention_mask is None else mb.attention_mask[:, :, keep, :]
-    return MicroBatch(
-        tokens=mb.tokens[:, keep], position_ids=mb.position_ids[:, keep], labels=mb.labels[:, keep],
-        attention_mask=mask, gather_index=mb.gather_index, loss_mask=mb.loss_mask,
-        rollout_logprobs=mb.rollout_logprobs, advantages=mb.advantages,
-        sample_indices=mb.sample_indices, num_tokens=mb.num_tokens,
-    )
+    keep = local_positions(mb.spans, cp_size, cp_rank)
+    return replace(mb, tokens=mb.tokens[:, keep], position_ids=mb.position_ids[:, keep], labels=mb.labels[:, keep])
 
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather of CP slices along ``dim`` into full, position-ordered sequences."""
 
     @staticmethod
-    def forward(ctx: Any, local: Tensor, group: dist.ProcessGroup, dim: int, sum_grads: bool) -> Tensor:
+    def forward(ctx: Any, local: Tensor, group: dist.ProcessGroup, dim: int, sum_grads: bool,
+                spans: Sequence[tuple[int, int]] | None) -> Tensor:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
-        length = local.shape[dim] * size
+        spans = spans or [(0, local.shape[dim] * size)]
         ctx.group, ctx.dim, ctx.sum_grads = group, dim, sum_grads
-        ctx.keep = local_positions(length, size, rank).to(local.device)
+        ctx.keep = local_positions(spans, size, rank).to(local.device)
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
-        order = torch.cat([local_positions(length, size, r) for r in range(size)]).to(local.device)
+        order = torch.cat([local_positions(spans, size, r) for r in range(size)]).to(local.device)
         full = torch.empty_like(torch.cat(parts, dim=dim))
         full.index_copy_(dim, order, torch.cat(parts, dim=dim))
         return full
@@ -87,27 +92,31 @@ class _GatherSequence(torch.autograd.Function):
         if ctx.sum_grads:
             grad = grad.contiguous()
             dist.all_reduce(grad, group=ctx.group)  # gloo has no reduce-scatter; the slice below is its result
-        return grad.index_select(ctx.dim, ctx.keep), None, None, None
+        return grad.index_select(ctx.dim, ctx.keep), None, None, None, None
 
 
-def gather_sequence(local: Tensor, group: dist.ProcessGroup, *, dim: int, sum_grads: bool) -> Tensor:
-    """The full sequences from every CP rank's slice (see the module docstring for ``sum_grads``).
+def gather_sequence(local: Tensor, group: dist.ProcessGroup, *, dim: int, sum_grads: bool,
+                    spans: Sequence[tuple[int, int]] | None = None) -> Tensor:
+    """The full rows from every CP rank's slice (see the module docstring for ``sum_grads``).
+
+    ``spans`` give the row's attention spans (packed samples); default: the row is one span.
 
     ``sum_grads=True``: other ranks' results depend on this slice (keys/values), so its gradient
     is the sum of every rank's. ``sum_grads=False``: every rank computes the same function of the
     gathered tensor, so each keeps the gradient of its own slice.
     """
-    return _GatherSequence.apply(local, group, dim, sum_grads)
+    return _GatherSequence.apply(local, group, dim, sum_grads, spans)
 
 
 class AllGatherAttention(torch.nn.Module):
-    """Softmax attention for megatron's local layer spec, with context parallelism.
+    """Softmax attention for megatron's local layer spec, with context parallelism and packing.
 
     A drop-in for megatron's ``DotProductAttention`` (same constructor and ``forward``), built on
-    ``torch.nn.functional.scaled_dot_product_attention``: with ``cp == 1`` it is plain causal (or
-    masked) attention, with ``cp > 1`` it gathers keys/values over the CP group first. Inputs are
-    megatron's ``[s, b, heads, head_dim]``; the output is ``[s, b, heads * head_dim]``.
-    ``attention_mask`` (packed rows) is ``[b, 1, s_local, s_full]`` bool, True = masked.
+    ``torch.nn.functional.scaled_dot_product_attention``. Inputs are megatron's
+    ``[s, b, heads, head_dim]``, or ``[t, heads, head_dim]`` for a packed row (THD
+    ``packed_seq_params``: attention stays inside each sample's span); the output is
+    ``[s, b, heads * head_dim]`` (``[t, heads * head_dim]``). With ``cp > 1`` keys and values are
+    gathered over the CP group first, and each query sees the keys at or before its position.
     """
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
@@ -125,19 +134,37 @@ class AllGatherAttention(torch.nn.Module):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                 attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
-        if attention_bias is not None or packed_seq_params is not None:
-            raise ValueError("AllGatherAttention takes neither attention_bias nor packed_seq_params (packed rows use a mask)")
-        allowed = None if attention_mask is None else ~attention_mask
+        if attention_bias is not None or attention_mask is not None:
+            raise ValueError("AllGatherAttention is causal; packed rows come as THD packed_seq_params, not as a mask")
+        if packed_seq_params is None:  # [s, b, h, d]: one span per row, the batch folded into sdpa's batch dim
+            out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2)
+            return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
+        bounds = packed_seq_params.cu_seqlens_q_padded
+        bounds = (packed_seq_params.cu_seqlens_q if bounds is None else bounds).tolist()
+        spans = [(start, end - start) for start, end in zip(bounds[:-1], bounds[1:])]
+        q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [h, t, d]
+        return self._attend(q, k, v, dim=1, spans=spans).transpose(0, 1).reshape(query.shape[0], -1)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, dim: int, spans: list[tuple[int, int]] | None = None) -> Tensor:
+        """Causal attention of this rank's queries along ``dim``, span by span (``[..., s, d]`` layouts)."""
         if self.cp_group is not None:
-            key = gather_sequence(key, self.cp_group, dim=0, sum_grads=True)
-            value = gather_sequence(value, self.cp_group, dim=0, sum_grads=True)
-            if allowed is None:
-                size, rank = dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group)
-                q_pos = local_positions(key.shape[0], size, rank).to(query.device)
-                allowed = torch.arange(key.shape[0], device=query.device)[None, :] <= q_pos[:, None]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
-        if k.shape[1] != q.shape[1]:  # grouped-query attention: each KV head serves heads/groups queries
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=allowed is None, scale=self.softmax_scale)
-        return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
+            k = gather_sequence(k, self.cp_group, dim=dim, sum_grads=True, spans=spans)
+            v = gather_sequence(v, self.cp_group, dim=dim, sum_grads=True, spans=spans)
+        if k.shape[dim - 1] != q.shape[dim - 1]:  # grouped-query attention: each KV head serves heads/groups queries
+            k = k.repeat_interleave(q.shape[dim - 1] // k.shape[dim - 1], dim=dim - 1)
+            v = v.repeat_interleave(q.shape[dim - 1] // v.shape[dim - 1], dim=dim - 1)
+        spans = spans or [(0, k.shape[dim])]
+        cp_size, cp_rank = (1, 0) if self.cp_group is None else (dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group))
+        outputs, offset = [], 0
+        for start, length in spans:
+            rows = length // cp_size  # this rank's queries of the span
+            q_span = q.narrow(dim, offset, rows)
+            k_span, v_span = k.narrow(dim, start, length), v.narrow(dim, start, length)
+            offset += rows
+            if cp_size == 1:
+                outputs.append(F.scaled_dot_product_attention(q_span, k_span, v_span, is_causal=True, scale=self.softmax_scale))
+                continue
+            q_pos = local_positions([(0, length)], cp_size, cp_rank).to(q.device)
+            allowed = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
+            outputs.append(F.scaled_dot_product_attention(q_span, k_span, v_span, attn_mask=allowed, scale=self.softmax_scale))
+        return torch.cat(outputs, dim=dim) if len(outputs) > 1 else outputs[0]

@@ -97,16 +97,30 @@ def sample_logprobs(
     lp, ent = token_logprobs(logits, labels, tp_group=groups.tp, temperature=temperature, with_entropy=with_entropy)
     mask = mb.loss_mask.to(lp.device)
     if groups.cp_size > 1:
-        lp = context_parallel.gather_sequence(lp, groups.pg_collection.cp, dim=1, sum_grads=False)
-        ent = None if ent is None else context_parallel.gather_sequence(ent, groups.pg_collection.cp, dim=1, sum_grads=False)
+        def whole(values: Tensor) -> Tensor:
+            return context_parallel.gather_sequence(values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans)
+
+        lp, ent = whole(lp), None if ent is None else whole(ent)
     return to_sample_space(lp, mb) * mask, None if ent is None else to_sample_space(ent, mb) * mask
+
+
+def packed_seq_params(mb: MicroBatch, device: torch.device):  # -> megatron PackedSeqParams | None
+    """megatron's THD description of a packed micro-batch (None for one-sample rows)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    if mb.cu_seqlens is None:
+        return None
+    longest = max(length for _, length in mb.spans)
+    cu, cu_padded = mb.cu_seqlens.to(device), mb.cu_seqlens_padded.to(device)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
+                           cu_seqlens_kv_padded=cu_padded, max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups) -> Tensor:
     """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden."""
     local = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank)
-    mask = None if local.attention_mask is None else local.attention_mask.to(groups.device)
-    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), mask)
+    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), None,
+                 packed_seq_params=packed_seq_params(mb, groups.device))
 
 
 def run_schedule(
@@ -127,10 +141,10 @@ def run_schedule(
     # megatron keeps the MoE aux-loss gradient scale in a class global whose shape is whatever its
     # first setter used (a bare MoE backward makes it [], the schedule copies a [1] into it).
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
+    if groups.cp_size > 1:
+        batch = batch.with_length_multiple(2 * groups.cp_size)  # each CP rank holds 2 equal chunks of every span
     if groups.pp_size > 1:
         batch = batch.uniform()  # p2p transfers between stages assume one activation shape
-    if groups.cp_size > 1:
-        batch = batch.with_length_multiple(2 * groups.cp_size)  # each CP rank holds 2 equal chunks of a row
     rows, length = batch.shape
     micro: Iterator[MicroBatch] = iter(batch.micro_batches)
 

@@ -161,10 +161,6 @@ def build_gpt_model(
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     with_te = use_transformer_engine(trainer_cfg)
-    if with_te and trainer_cfg.pack_length:
-        # transformer-engine's attention ignores an arbitrary mask under its causal type: packed rows
-        # would attend across samples. Its packed form (THD PackedSeqParams) is not wired in yet.
-        raise ValueError("trainer.pack_length needs the local layer spec: set trainer.transformer_impl=local or trainer.pack_length=null")
     block_spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=with_te, normalization="RMSNorm", pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
