@@ -110,3 +110,13 @@ def test_plan_json_round_trip(tmp_path):
     plan = plan_of("dense_grpo")
     plan.save(tmp_path)
     assert Plan.from_json((tmp_path / "plan.json").read_text()) == plan
+
+
+def test_ipc_reach_needs_every_engine_on_trainer_rank_0s_gpu():
+    """CUDA IPC from trainer rank 0 reaches an engine only where that engine sees rank 0's GPU."""
+    one_engine = plan_of("moe_grpo", "nodes=1", "trainer.pipeline_parallel=1", "trainer.expert_parallel=4", "rollout.engine_tensor_parallel=8")
+    assert one_engine.rollout.num_engines == 1 and one_engine.engines_share_gpu_of(0)
+    two_engines = plan_of("moe_grpo", "nodes=1", "trainer.pipeline_parallel=1", "trainer.expert_parallel=4")
+    assert not two_engines.engines_share_gpu_of(0)  # the engine on GPUs 4-7 cannot open rank 0's handles
+    assert not plan_of("dense_grpo", "nodes=8", "rollout.engine_nodes=2").engines_share_gpu_of(0)
+    assert not plan_of("tiny_grpo").engines_share_gpu_of(0)  # CPU: no GPUs at all

@@ -108,11 +108,11 @@ def test_gloo_push_voided_midway_raises_on_the_engine():
 
 
 def test_resolve_transport():
-    assert resolve_transport("auto", "colocated", on_gpu=True) == "ipc"
-    assert resolve_transport("auto", "colocated", on_gpu=False) == "collective"
-    assert resolve_transport("auto", "disaggregated", on_gpu=True) == "collective"
-    with pytest.raises(ValueError, match="needs GPUs"):
-        resolve_transport("ipc", "colocated", on_gpu=False)
+    assert resolve_transport("auto", on_gpu=True, engines_on_sender_gpu=True) == "ipc"
+    assert resolve_transport("auto", on_gpu=False, engines_on_sender_gpu=False) == "collective"
+    assert resolve_transport("auto", on_gpu=True, engines_on_sender_gpu=False) == "collective"
+    with pytest.raises(ValueError, match="trainer rank 0's GPU"):
+        resolve_transport("ipc", on_gpu=True, engines_on_sender_gpu=False)
     with pytest.raises(ValueError, match="root="):
         build_weight_sender("filesystem")
     with pytest.raises(ValueError, match="valid"):

@@ -29,7 +29,7 @@ class RolloutConfig(Section):
     kv_cache_memory_mb: int = Field(512, ge=16, description="CPU engines: KV-cache memory (vLLM otherwise reserves ~90% of RAM).")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (always on for CPU engines).")
     weight_sync: Literal["auto", "collective", "ipc", "filesystem"] = Field(
-        "auto", description="Trainer->engine weight transport: auto = ipc when colocated on GPU, collective otherwise."
+        "auto", description="Trainer->engine weight transport: auto = ipc when every engine runs on trainer rank 0's GPU (colocated, one engine on its node), collective (NCCL/gloo broadcast) otherwise."
     )
     weight_sync_bucket_mb: int = Field(256, ge=1, description="Bucket size of the streamed weight sync.")
     verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")

@@ -99,6 +99,18 @@ class Plan:
     def ranks_of(self, role: str) -> list[int]:
         return [a.world_rank for a in self.assignments if a.role == role]
 
+    def engines_share_gpu_of(self, world_rank: int) -> bool:
+        """Whether every rollout engine runs on the GPU of rank ``world_rank`` (CUDA IPC reach).
+
+        An IPC handle opens only where its memory's GPU is visible: the engine must be on the same
+        node and hold that GPU among its own (a rollout rank sees only its engine's GPUs).
+        """
+        rank = self.assignments[world_rank]
+        engines = [a for a in self.assignments if a.role == "rollout"]
+        return bool(rank.gpus and engines) and all(
+            (a.component, a.node) == (rank.component, rank.node) and rank.gpus[0] in a.gpus for a in engines
+        )
+
     def role_sizes(self) -> dict[str, int]:
         return {role: len(self.ranks_of(role)) for role in ROLES}
 

@@ -62,7 +62,8 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport
 
     on_gpu = torch.cuda.is_available()
-    kind = resolve_transport(cfg.rollout.weight_sync, cfg.rollout.placement, on_gpu)
+    sender_rank = ctx.plan.ranks_of("trainer")[0]
+    kind = resolve_transport(cfg.rollout.weight_sync, on_gpu=on_gpu, engines_on_sender_gpu=ctx.plan.engines_share_gpu_of(sender_rank))
     verify = cfg.rollout.verify_weight_sync
     if kind == "filesystem":
         root = run_dir / "weights"

@@ -17,14 +17,19 @@ _CLASSES = {
 TRANSPORTS = tuple(_CLASSES)
 
 
-def resolve_transport(weight_sync: str, placement: str, on_gpu: bool) -> str:
-    """``auto`` -> ``ipc`` when engines share the trainer's GPUs, else ``collective``."""
+def resolve_transport(weight_sync: str, *, on_gpu: bool, engines_on_sender_gpu: bool) -> str:
+    """``auto`` -> ``ipc`` when every engine runs on the sending trainer rank's GPU, else ``collective``.
+
+    The sender is trainer rank 0 (the exporter assembles full tensors there): its IPC handles open
+    only in engines that see its GPU, e.g. one engine colocated across the trainer's node.
+    """
     if weight_sync == "auto":
-        return "ipc" if placement == "colocated" and on_gpu else "collective"
+        return "ipc" if on_gpu and engines_on_sender_gpu else "collective"
     if weight_sync not in TRANSPORTS:
         raise ValueError(f"unknown rollout.weight_sync {weight_sync!r}; valid: auto, {', '.join(TRANSPORTS)}")
-    if weight_sync == "ipc" and not on_gpu:
-        raise ValueError("rollout.weight_sync='ipc' needs GPUs shared by trainer and engines; use 'collective' or 'filesystem'")
+    if weight_sync == "ipc" and not (on_gpu and engines_on_sender_gpu):
+        raise ValueError("rollout.weight_sync='ipc' needs every engine colocated on trainer rank 0's GPU (one engine on the "
+                         "trainer's node); use 'collective' (NCCL broadcast) or 'filesystem'")
     return weight_sync
 
 
