@@ -1,7 +1,8 @@
 """Weight sync: a whole-model push over the gloo weight-sync group vs an in-memory copy of the same bytes.
 
 Part 1: the ~44M-param rollout model (fp32), pushed from a trainer-side sender to an engine-side
-receiver (two ranks of their own gloo group, threads of this process) in 256 MiB buckets, until the
+receiver (two ranks of their own gloo group, threads of this process) in buckets of the recipes'
+CPU default (``rollout.weight_sync_bucket_mb``: 16 MiB), until the
 engine holds the staged, complete push; baseline: ``clone()`` of every tensor (one in-memory copy
 of the same bytes, allocation included, as the receiver allocates too). With ``--apply`` it also
 times the engine's swap (vLLM ``reload_weights`` + prefix-cache reset).
@@ -77,8 +78,11 @@ def rollout_model_state(tmp: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def whole_model(pair: GlooPair, state: dict[str, torch.Tensor], repeats: int) -> tuple[float, float, object]:
-    pair.push(state, 256 << 20, 0)  # warm-up: first-touch of gloo's buffers
-    pushes = [pair.push(state, 256 << 20, v + 1) for v in range(repeats)]
+    from hetrl.config.rollout import RolloutConfig
+
+    bucket_bytes = RolloutConfig().weight_sync_bucket_bytes(on_gpu=False)
+    pair.push(state, bucket_bytes, 0)  # warm-up: first-touch of gloo's buffers
+    pushes = [pair.push(state, bucket_bytes, v + 1) for v in range(repeats)]
     sync_s = statistics.median(t for t, _ in pushes)
     copy_s = median_time(lambda: {name: tensor.clone() for name, tensor in state.items()}, repeats)
     return sync_s, copy_s, pushes[-1][1]
@@ -117,7 +121,7 @@ def main() -> None:
         sync_s, copy_s, staged = whole_model(pair, state, args.repeats)
         print(f"whole model: {len(state)} tensors, {num_bytes / 2**20:.0f} MiB; gloo push {sync_s * 1e3:.0f} ms "
               f"({num_bytes / sync_s / 2**30:.2f} GiB/s), in-memory copy {copy_s * 1e3:.0f} ms")
-        verify_s = GlooPair(verify=True).push(state, 256 << 20, 99)[0]
+        verify_s = GlooPair(verify=True).push(state, 16 << 20, 99)[0]
         print(f"with verify (CRC32 both sides): {verify_s * 1e3:.0f} ms")
         if args.apply:
             print(f"engine swap (reload_weights + prefix-cache reset): {apply_time(path, staged) * 1e3:.0f} ms")

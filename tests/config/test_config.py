@@ -144,3 +144,11 @@ def test_config_is_importable_without_torch():
 
     code = "import sys, hetrl.config, hetrl.launch.plan; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent)
+
+
+def test_weight_sync_buckets_default_by_device():
+    from hetrl.config.rollout import RolloutConfig
+
+    assert RolloutConfig().weight_sync_bucket_bytes(on_gpu=False) == 16 << 20  # gloo reuses buffers this size
+    assert RolloutConfig().weight_sync_bucket_bytes(on_gpu=True) == 256 << 20
+    assert RolloutConfig(weight_sync_bucket_mb=64).weight_sync_bucket_bytes(on_gpu=False) == 64 << 20

@@ -31,7 +31,9 @@ class RolloutConfig(Section):
     weight_sync: Literal["auto", "collective", "ipc", "filesystem"] = Field(
         "auto", description="Trainer->engine weight transport: auto = ipc when every engine runs on trainer rank 0's GPU (colocated, one engine on its node), collective (NCCL/gloo broadcast) otherwise."
     )
-    weight_sync_bucket_mb: int = Field(256, ge=1, description="Bucket size of the streamed weight sync.")
+    weight_sync_bucket_mb: int | None = Field(
+        None, ge=1, description="Bucket size of the streamed weight sync, MiB; null = 256 on GPUs, 16 on CPUs (gloo: 256 MiB buffers are page-faulted in afresh on every push, 16 MiB ones are reused, ~1.7x faster)."
+    )
     verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")
     weight_sync_timeout_s: float = Field(
         300.0, gt=0.0, description="How long an engine waits for the next bucket of a weight push before it drops the push and keeps its old weights."
@@ -44,3 +46,7 @@ class RolloutConfig(Section):
         None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1', or '0-3|4-7' per TP worker (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use, split evenly over the TP workers."
     )
     partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")
+
+    def weight_sync_bucket_bytes(self, on_gpu: bool) -> int:
+        """The weight-sync bucket size in bytes (``weight_sync_bucket_mb``, or its default for the device)."""
+        return (self.weight_sync_bucket_mb or (256 if on_gpu else 16)) << 20

@@ -200,7 +200,8 @@ def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: i
     """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers)."""
     from hetrl.trainer.exporter import iter_hf_weight_buckets
 
-    buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+    bucket_bytes = cfg.rollout.weight_sync_bucket_bytes(on_gpu=trainer.groups.device.type == "cuda")
+    buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
     if sender is None:
         for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
             pass
