@@ -120,3 +120,11 @@ def test_ipc_reach_needs_every_engine_on_trainer_rank_0s_gpu():
     assert not two_engines.engines_share_gpu_of(0)  # the engine on GPUs 4-7 cannot open rank 0's handles
     assert not plan_of("dense_grpo", "nodes=8", "rollout.engine_nodes=2").engines_share_gpu_of(0)
     assert not plan_of("tiny_grpo").engines_share_gpu_of(0)  # CPU: no GPUs at all
+
+
+def test_cpu_ranks_sit_where_srun_plane_distribution_puts_them():
+    plan = plan_of("dense_grpo", "nodes=8", "rollout.engine_nodes=2", "cluster.cpu_nodes=3")
+    cpu = plan.components[-1]
+    ranks = [a for a in plan.assignments if a.component == "cpu"]
+    assert [a.node for a in ranks] == [i // cpu.tasks_per_node for i in range(len(ranks))]
+    assert max(a.node for a in ranks) == cpu.nodes - 1

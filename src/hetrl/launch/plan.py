@@ -229,12 +229,12 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
         components.append(Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",)))
     # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first node.
     cpu_nodes, rewards, envs = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node, env_workers_per_node(cfg)
-    add("orchestrator", "cpu", 0)
-    for node in range(cpu_nodes):
-        for role, count in (("reward", rewards), ("env", envs)):
-            for _ in range(count):
-                add(role, "cpu", node)
     per_node = rewards + envs
+    # srun lays the component out with --distribution=plane=(per_node + 1): blocks of that many
+    # tasks, node by node, so the last node runs one task fewer than the others.
+    cpu_roles = ["orchestrator"] + (["reward"] * rewards + ["env"] * envs) * cpu_nodes
+    for index, role in enumerate(cpu_roles):
+        add(role, "cpu", index // (per_node + 1))
     cpu_roles = ("orchestrator", "reward", "env") if envs else ("orchestrator", "reward")
     components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1))
     return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"])
