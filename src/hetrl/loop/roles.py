@@ -71,7 +71,11 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     engines = ctx.plan.ranks_of("rollout")
     group_rank = 0 if sender else engines.index(ctx.rank) + 1
     group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend="nccl" if on_gpu else "gloo")
-    return build_weight_sender(kind, group=group, verify=verify) if sender else build_weight_receiver(kind, group=group, verify=verify)
+    if sender:
+        return build_weight_sender(kind, group=group, verify=verify)
+    # An engine whose model spans several GPUs stages pushes in host memory (see CollectiveWeightReceiver).
+    stage_on = torch.device("cpu") if cfg.rollout.engine_tensor_parallel > 1 else None
+    return build_weight_receiver(kind, group=group, verify=verify, stage_on=stage_on)
 
 
 def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:

@@ -127,13 +127,19 @@ class CollectiveWeightSender(WeightSender):
 
 
 class CollectiveWeightReceiver(WeightReceiver):
-    """Engine rank: stages every bucket of one push, returns it only once END arrives."""
+    """Engine rank: stages every bucket of one push, returns it only once END arrives.
 
-    def __init__(self, group: WeightSyncGroup, verify: bool = False) -> None:
+    ``stage_on`` (default: where payloads arrive) is where the staged push is kept: host memory
+    for an engine whose model spans several GPUs, since a whole staged copy would not fit beside
+    the engine's own shard on its first GPU; each bucket then leaves the GPU as it arrives.
+    """
+
+    def __init__(self, group: WeightSyncGroup, verify: bool = False, stage_on: torch.device | None = None) -> None:
         if group.rank == 0:
             raise ValueError("rank 0 of the weight-sync group is the trainer's sender, not an engine")
         self.group = group
         self.verify = verify
+        self.stage_on = stage_on
 
     def _receive_message(self) -> tuple[int, dict, torch.Tensor | None]:
         header = torch.empty(3, dtype=torch.int64)
@@ -171,7 +177,10 @@ class CollectiveWeightReceiver(WeightReceiver):
                 raise WeightSyncError(f"unknown weight-sync message kind {kind}")
             staged = staged or StagedWeights(version=version, tensors={})
             metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
-            staged.add(unpack_bucket(metas, self._bucket_buffer(meta, payload)), metas)
+            buffer = self._bucket_buffer(meta, payload)
+            if self.stage_on is not None:
+                buffer = buffer.to(self.stage_on)
+            staged.add(unpack_bucket(metas, buffer), metas)
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         """The flat bytes of one bucket (overridden by transports that pass the payload by handle)."""

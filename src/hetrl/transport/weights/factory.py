@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from hetrl.transport.weights.base import WeightReceiver, WeightSender
 from hetrl.transport.weights.collective import WeightSyncGroup
@@ -42,11 +45,11 @@ def _check_args(kind: str, group: WeightSyncGroup | None, root: str | Path | Non
         raise ValueError(f"unknown weight transport {kind!r}; valid: {', '.join(TRANSPORTS)}")
 
 
-def _build(kind: str, side: int, group: WeightSyncGroup | None, root: str | Path | None, verify: bool):
+def _build(kind: str, side: int, group: WeightSyncGroup | None, root: str | Path | None, verify: bool, **extra: Any):
     _check_args(kind, group, root)
     module_name, *class_names = _CLASSES[kind]
     cls = getattr(importlib.import_module(module_name), class_names[side])
-    return cls(root, verify=verify) if kind == "filesystem" else cls(group, verify=verify)
+    return cls(root, verify=verify) if kind == "filesystem" else cls(group, verify=verify, **extra)
 
 
 def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightSender:
@@ -54,6 +57,12 @@ def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root
     return _build(kind, 0, group, root, verify)
 
 
-def build_weight_receiver(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightReceiver:
-    """The engine-side counterpart of :func:`build_weight_sender`."""
-    return _build(kind, 1, group, root, verify)
+def build_weight_receiver(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False,
+                          stage_on: torch.device | None = None) -> WeightReceiver:
+    """The engine-side counterpart of :func:`build_weight_sender`.
+
+    ``stage_on``: where collective/ipc pushes are staged (default: where they arrive); the
+    filesystem transport always stages in host memory.
+    """
+    extra = {} if kind == "filesystem" else {"stage_on": stage_on}
+    return _build(kind, 1, group, root, verify, **extra)

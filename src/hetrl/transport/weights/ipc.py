@@ -55,9 +55,9 @@ class IpcWeightSender(CollectiveWeightSender):
 class IpcWeightReceiver(CollectiveWeightReceiver):
     """Engine on the trainer's GPU: maps each bucket by handle and copies it into staging memory."""
 
-    def __init__(self, group: WeightSyncGroup, verify: bool = False) -> None:
+    def __init__(self, group: WeightSyncGroup, verify: bool = False, stage_on: torch.device | None = None) -> None:
         _require_cuda(group)
-        super().__init__(group, verify)
+        super().__init__(group, verify, stage_on)
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         if "ipc_handle" not in meta:
