@@ -33,7 +33,8 @@ def _tp_vs_tp1(rank: int, world_size: int) -> dict:
     single = _logprobs(TrainerConfig(precision="fp32"), micro_batch_size=1, pack_length=None, temperature=0.7)
     cp2 = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=3, pack_length=None)
     cp2_packed = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=2, pack_length=24)
-    return {"tp1": tp1, "tp2": tp2, "packed": packed, "single_t07": single, "cp2": cp2, "cp2_packed": cp2_packed}
+    tp2_packed = _logprobs(TrainerConfig(precision="fp32", tensor_parallel=2), micro_batch_size=2, pack_length=24)
+    return {"tp1": tp1, "tp2": tp2, "packed": packed, "single_t07": single, "cp2": cp2, "cp2_packed": cp2_packed, "tp2_packed": tp2_packed}
 
 
 def _reference_logprobs(rank: int, world_size: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +73,7 @@ def test_tp2_and_cp2_match_tp1_and_packing_and_microbatching_do_not_change_logpr
         assert tp1_lp.shape == ref_lp.shape
         torch.testing.assert_close(tp1_lp, ref_lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(tp1_ent, ref_ent, atol=1e-5, rtol=0)
-        for key in ("tp2", "packed", "cp2", "cp2_packed"):
+        for key in ("tp2", "packed", "cp2", "cp2_packed", "tp2_packed"):
             torch.testing.assert_close(r[key][0], tp1_lp, atol=1e-5, rtol=0, msg=lambda m: f"{key} logprobs: {m}")
             torch.testing.assert_close(r[key][1], tp1_ent, atol=1e-5, rtol=0, msg=lambda m: f"{key} entropy: {m}")
         torch.testing.assert_close(r["single_t07"][0], ref_lp07, atol=1e-5, rtol=0)
