@@ -1,7 +1,7 @@
 """Plots of a run's metrics over steps: ``python -m hetrl.plot RUN [--out DIR]``.
 
 Reads ``RUN/metrics.jsonl`` (works while the run is writing it) and writes one PNG per panel into
-``RUN/plots/``: reward, length, kl, entropy, mismatch, throughput. Each panel stacks one axis per
+``RUN/plots/``: reward, length, kl, entropy, mismatch, throughput, time. Each panel stacks one axis per
 group of comparable series (same unit); a panel none of whose series were logged is skipped and
 reported. Headless: matplotlib's Agg backend, no display needed.
 """
@@ -30,6 +30,8 @@ PANELS: dict[str, list[list[str]]] = {
     "entropy": [[names.ENTROPY]],
     "mismatch": [[names.MISMATCH_K3_KL], [names.MISMATCH_MAX_ABS_LOGPROB_DIFF], [names.MISMATCH_PROB_RATIO_MEAN]],
     "throughput": [["throughput/<role>_tokens_per_s"]],
+    # Where a step's wall time goes: generation, scoring, training, the weight push, and waiting.
+    "time": [[names.TIME_STEP, *(names.time_phase(phase) for phase in names.TIME_PHASES)]],
 }
 
 
