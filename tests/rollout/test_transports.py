@@ -12,6 +12,7 @@ from hetrl.transport.weights import (
     build_weight_receiver,
     build_weight_sender,
     resolve_transport,
+    weight_sync_backend,
 )
 from hetrl.transport.weights.base import pack_bucket, unpack_bucket
 from tests.rollout.helpers import push_over_gloo
@@ -113,6 +114,11 @@ def test_resolve_transport():
     assert resolve_transport("auto", on_gpu=True, engines_on_sender_gpu=False) == "collective"
     with pytest.raises(ValueError, match="trainer rank 0's GPU"):
         resolve_transport("ipc", on_gpu=True, engines_on_sender_gpu=False)
+    # NCCL refuses two ranks of a communicator on one GPU: a colocated engine on rank 0's GPU gets gloo.
+    assert weight_sync_backend("collective", on_gpu=True, engine_on_sender_gpu=False) == "nccl"
+    assert weight_sync_backend("collective", on_gpu=True, engine_on_sender_gpu=True) == "gloo"
+    assert weight_sync_backend("ipc", on_gpu=True, engine_on_sender_gpu=True) == "nccl"
+    assert weight_sync_backend("collective", on_gpu=False, engine_on_sender_gpu=False) == "gloo"
     with pytest.raises(ValueError, match="root="):
         build_weight_sender("filesystem")
     with pytest.raises(ValueError, match="valid"):

@@ -11,7 +11,7 @@ from hetrl.transport.weights.base import (
     tensor_checksum,
 )
 from hetrl.transport.weights.collective import WeightSyncGroup, init_weight_sync_group
-from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport
+from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport, weight_sync_backend
 
 __all__ = [
     "Bucket",
@@ -27,4 +27,5 @@ __all__ = [
     "init_weight_sync_group",
     "resolve_transport",
     "tensor_checksum",
+    "weight_sync_backend",
 ]

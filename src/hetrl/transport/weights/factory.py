@@ -36,6 +36,18 @@ def resolve_transport(weight_sync: str, *, on_gpu: bool, engines_on_sender_gpu: 
     return weight_sync
 
 
+def weight_sync_backend(kind: str, *, on_gpu: bool, engine_on_sender_gpu: bool) -> str:
+    """The weight-sync group's payload backend: NCCL between GPUs, gloo (host memory) otherwise.
+
+    NCCL refuses two ranks of one communicator on the same GPU, and a colocated engine on trainer
+    rank 0's GPU is exactly that: collective pushes then go over gloo. IPC pushes keep a CUDA
+    group (their payloads never touch it: handles travel over the gloo control group).
+    """
+    if not on_gpu:
+        return "gloo"
+    return "nccl" if kind == "ipc" or not engine_on_sender_gpu else "gloo"
+
+
 def _check_args(kind: str, group: WeightSyncGroup | None, root: str | Path | None) -> None:
     if kind == "filesystem" and root is None:
         raise ValueError("the 'filesystem' weight transport needs root= (a directory both sides can reach)")
