@@ -147,3 +147,26 @@ def test_a_sender_that_vanishes_midway_times_out_into_a_sync_error():
     with pytest.raises(WeightSyncError, match="broke off after 7 tensors"):
         build_weight_receiver("collective", group=group).receive()
     thread.join()
+
+
+def test_shared_push_files_are_named_by_owner_and_swept_when_it_is_gone(tmp_path, monkeypatch):
+    """TP engines hand pushes to their workers in /dev/shm; a SIGKILLed engine's file must not hold RAM for ever."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from hetrl.rollout import worker_extension
+
+    monkeypatch.setattr(worker_extension, "shared_memory_dir", lambda: tmp_path)
+    mine = worker_extension.write_shared_push({"w": torch.ones(4)}, version=3)
+    assert mine.name.startswith(f"hetrl-push-{os.getpid()}-v3-")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    orphan = tmp_path / f"hetrl-push-{dead.stdout.strip()}-v2-x.safetensors"
+    orphan.write_bytes(b"left by a killed engine")
+    assert worker_extension.sweep_stale_pushes() == 1
+    assert mine.exists() and not orphan.exists()
+    monkeypatch.setattr(worker_extension.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 1024})())
+    with pytest.raises(OSError, match="MiB free"):
+        worker_extension.write_shared_push({"w": torch.ones(4)}, version=4)

@@ -151,6 +151,8 @@ class GenerationEngine:
         self.version = version
         self.num_rejected = 0
         self._vllm = vllm
+        if cfg.engine_tensor_parallel > 1:
+            worker_extension.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
@@ -318,7 +320,7 @@ class GenerationEngine:
         if self.cfg.engine_tensor_parallel > 1:  # the TP workers are other processes: they read the push from RAM
             try:
                 shared = worker_extension.write_shared_push(staged.tensors, staged.version)
-            except OSError as error:
+            except Exception as error:  # no worker has touched its weights yet: the old version stays
                 raise WeightSyncError(f"push v{staged.version} could not be handed to the TP workers: {error}") from error
         self.interrupt()
         try:
@@ -346,9 +348,10 @@ class GenerationEngine:
             )
             return
         outcomes = self._engine.collective_rpc("load_shared_push", args=(str(shared),))
-        failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != len(staged.tensors)}
-        if failed:
-            raise RuntimeError(f"TP workers failed to load all {len(staged.tensors)} tensors: {failed}")
+        wanted = {"path": str(shared), "loaded": len(staged.tensors)}
+        failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != wanted}
+        if failed:  # errors, partial loads, or replies left queued by an earlier failed call
+            raise RuntimeError(f"TP workers did not load all {len(staged.tensors)} tensors of {shared.name}: {failed}")
 
     def release_memory(self) -> None:
         """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""
