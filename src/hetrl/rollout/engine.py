@@ -53,6 +53,9 @@ def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if on_gpu:
         return
+    if cpu_threads_bind and len(cpu_threads_bind.split("|")) != tensor_parallel:
+        raise ValueError(f"rollout.cpu_threads_bind={cpu_threads_bind!r} must name one core list per TP worker "
+                         f"({tensor_parallel}, separated by '|')")
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tensor_parallel:
         raise ValueError(f"rollout.engine_tensor_parallel={tensor_parallel} needs a core per TP worker; this process may use {len(cores)}")

@@ -128,8 +128,12 @@ class AllGatherAttention(torch.nn.Module):
             raise ValueError("hetrl trains without attention dropout (trainer and engine log-probs must agree)")
         if config.apply_query_key_layer_scaling or config.softmax_type != "vanilla" or config.window_size is not None:
             raise ValueError("AllGatherAttention supports vanilla softmax attention without layer scaling or windows")
+        if attn_mask_type.name != "causal":
+            raise ValueError(f"AllGatherAttention is causal self-attention; got attn_mask_type={attn_mask_type.name}")
+        if config.context_parallel_size > 1 and pg_collection is None:
+            raise ValueError("context parallelism needs the process groups: pass pg_collection")
         self.config = config
-        self.cp_group = None if pg_collection is None or pg_collection.cp.size() == 1 else pg_collection.cp
+        self.cp_group = None if config.context_parallel_size == 1 else pg_collection.cp
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,

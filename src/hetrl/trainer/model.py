@@ -13,8 +13,9 @@ qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over 
 
 The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
 is installed (``trainer.transformer_impl``); the local spec's core attention is ours
-(``hetrl.trainer.context_parallel.AllGatherAttention``: torch's fused attention, and context
-parallelism, which megatron's local attention lacks). The model is built for this rank's pipeline stage
+(``hetrl.trainer.context_parallel.AllGatherAttention``: torch's scaled-dot-product attention,
+fused kernels where no mask is needed, and context parallelism, which megatron's local attention
+lacks). The model is built for this rank's pipeline stage
 (``pre_process``/``post_process``) and shards (TP/EP), on this rank's device, in the trainer's
 precision.
 
@@ -211,7 +212,7 @@ def _with_core_attention(block_spec, core_attention: type):  # noqa: ANN001, ANN
     """The local block spec with every layer's core attention replaced (specs are shared: copy, never mutate).
 
     megatron's local ``DotProductAttention`` refuses context parallelism and does not use torch's
-    fused attention kernels; :class:`hetrl.trainer.context_parallel.AllGatherAttention` does both.
+    scaled-dot-product attention; :class:`hetrl.trainer.context_parallel.AllGatherAttention` does both.
     """
     def swap(layer_spec):  # noqa: ANN001, ANN202
         attention = layer_spec.submodules.self_attention

@@ -161,6 +161,8 @@ class PolicyTrainer:
         num_tokens, num_seqs = self._global_counts(batch)
         local_old = old_logprobs[batch.global_indices]
         local_ref = None if ref_logprobs is None else ref_logprobs[batch.global_indices]
+        # Megatron's schedule divides each micro-batch loss by M (and multiplies it by CP, which
+        # DDP's average over DP x CP cancels): that holds for a (loss, metrics) pair, as below.
         scale = len(batch.micro_batches) * self.groups.dp_size
         need_entropy = self.algo_cfg.entropy_coef > 0
 
