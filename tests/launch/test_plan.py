@@ -128,5 +128,8 @@ def test_cpu_ranks_sit_where_srun_plane_distribution_puts_them():
     plan = plan_of("dense_grpo", "nodes=8", "rollout.engine_nodes=2", "cluster.cpu_nodes=3")
     cpu = plan.components[-1]
     ranks = [a for a in plan.assignments if a.component == "cpu"]
-    assert [a.node for a in ranks] == [i // cpu.tasks_per_node for i in range(len(ranks))]
-    assert max(a.node for a in ranks) == cpu.nodes - 1
+    # Blocks of plane_block tasks per node, cyclically: the extra (orchestrator) task wraps to node 0.
+    assert [a.node for a in ranks] == [(i // cpu.plane_block) % cpu.nodes for i in range(len(ranks))]
+    per_node = [sum(a.node == n for a in ranks) for n in range(cpu.nodes)]
+    assert per_node == [cpu.plane_block + 1] + [cpu.plane_block] * (cpu.nodes - 1)  # even, node 0 holds the orchestrator
+    assert ranks[-1].role == "orchestrator" and ranks[-1].node == 0

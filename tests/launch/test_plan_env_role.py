@@ -41,7 +41,7 @@ def test_cluster_plan_puts_env_ranks_beside_the_reward_workers_on_every_cpu_node
     assert cpu.roles == ("orchestrator", "reward", "env")
     on_cpu = [a for a in plan.assignments if a.component == "cpu"]
     assert [(a.node, a.role) for a in on_cpu] == (
-        [(0, "orchestrator")] + [(0, "reward")] * 2 + [(0, "env")] * 3 + [(1, "reward")] * 2 + [(1, "env")] * 3)
+        [(0, "reward")] * 2 + [(0, "env")] * 3 + [(1, "reward")] * 2 + [(1, "env")] * 3 + [(0, "orchestrator")])
     assert [a.role_rank for a in on_cpu if a.role == "env"] == list(range(6))
     assert all(a.gpus == () for a in on_cpu) and plan.num_env_workers == 6
 
@@ -52,7 +52,7 @@ def test_sbatch_script_and_dry_run_show_the_env_ranks(tmp_path, capsys):
     script = render_sbatch(plan, load_config("dense_grpo", overrides).cluster, "/runs/x")
     # dense_grpo's cluster: 2 CPU nodes x (32 reward workers + 3 env servers), plus the orchestrator.
     assert "# component `cpu`: orchestrator, reward, env; 2 node(s), 71 task(s)" in script
-    assert "#SBATCH --ntasks-per-node=36" in script and "--ntasks=71 --distribution=plane=36" in script
+    assert "#SBATCH --ntasks-per-node=36" in script and "--ntasks=71 --distribution=plane=35" in script
     assert cli.main(["recipe=dense_grpo", *overrides, f"run.output_dir={tmp_path}", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "env servers on 'cpu'" in out and "orchestrator, reward, env" in script

@@ -120,7 +120,7 @@ def test_uneven_component_uses_plane_distribution(tmp_path: Path) -> None:
     _, _, srun = parse_script(render_sbatch(plan, cfg.cluster, str(tmp_path)))
     command = het_commands(srun)[-1]
     assert f"--ntasks={cpu.total_tasks}" in command
-    assert f"--distribution=plane={cpu.tasks_per_node}" in command
+    assert f"--distribution=plane={cpu.plane_block}" in command and cpu.plane_block == cpu.tasks_per_node - 1
     for other in het_commands(srun)[:-1]:
         assert not any(w.startswith("--ntasks") for w in other)
 

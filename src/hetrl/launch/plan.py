@@ -14,7 +14,7 @@ Layout rules (each violation raises :class:`PlanError` saying why and suggesting
     disaggregated engines get nodes of their own;
   * reward/verifier/sandbox workers, env servers (``env.placement=role``) and the orchestrator
     live on the CPU partition, in one component: per node its reward workers, then its env
-    servers; the orchestrator is one extra task ahead of them on the first node.
+    servers; the orchestrator is one extra task after them, on the first node.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Component:
     gpus_per_node: int
     roles: tuple[str, ...]
     num_tasks: int = 0  # total tasks when not nodes x tasks_per_node (the CPU component's extra orchestrator)
+    plane_block: int = 0  # srun --distribution=plane block size when uneven: blocks go to the nodes cyclically
 
     @property
     def total_tasks(self) -> int:
@@ -239,13 +240,14 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
     # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first node.
     cpu_nodes, rewards, envs = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node, env_workers_per_node(cfg)
     per_node = rewards + envs
-    # srun lays the component out with --distribution=plane=(per_node + 1): blocks of that many
-    # tasks, node by node, so the last node runs one task fewer than the others.
-    cpu_roles = ["orchestrator"] + (["reward"] * rewards + ["env"] * envs) * cpu_nodes
-    for index, role in enumerate(cpu_roles):
-        add(role, "cpu", index // (per_node + 1))
+    # srun lays the component out with --distribution=plane=per_node: a block of per_node tasks per
+    # node, then the last task (the orchestrator) wraps around to node 0.
+    for index, role in enumerate((["reward"] * rewards + ["env"] * envs) * cpu_nodes):
+        add(role, "cpu", index // per_node)
+    add("orchestrator", "cpu", 0)
     cpu_roles = ("orchestrator", "reward", "env") if envs else ("orchestrator", "reward")
-    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1))
+    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1,
+                                plane_block=per_node))
     return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"])
 
 

@@ -190,9 +190,10 @@ def _launch(components: tuple[Component, ...], cluster: ClusterConfig) -> str:
 def _component_command(component: Component, cluster: ClusterConfig) -> str:
     words = [f"--output=logs/{component.name}-node%n.log"]
     if component.total_tasks != component.nodes * component.tasks_per_node:
-        # Uneven components (e.g. the CPU one's extra orchestrator task): plane keeps the plan's
-        # block order, node 0 first; plain --ntasks would pack tasks by free CPUs instead.
-        words += [f"--ntasks={component.total_tasks}", f"--distribution=plane={component.tasks_per_node}"]
+        # Uneven components (the CPU one's extra orchestrator task): plane keeps the plan's block
+        # order, node 0 first, the extra task wrapping to node 0; plain --ntasks would pack tasks by
+        # free CPUs instead.
+        words += [f"--ntasks={component.total_tasks}", f"--distribution=plane={component.plane_block or component.tasks_per_node}"]
     # Threads sized to the rank's cores: library defaults take every core of the node per rank,
     # and oversubscribed ranks run 20-40x slower.
     threads = cpus_per_task(component, cluster)
