@@ -90,7 +90,7 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         if ctx.sum_grads:
-            grad = grad.contiguous()
+            grad = grad.clone(memory_format=torch.contiguous_format)  # autograd's buffer is not ours to overwrite
             dist.all_reduce(grad, group=ctx.group)  # gloo has no reduce-scatter; the slice below is its result
         return grad.index_select(ctx.dim, ctx.keep), None, None, None, None
 

@@ -93,7 +93,10 @@ def sample_logprobs(
     context parallelism). Under CP the per-position values are gathered into whole rows first, so
     the loss sees whole sequences (``hetrl.trainer.context_parallel`` explains the gradients).
     """
-    labels = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank).labels.to(logits.device)
+    labels = mb.labels
+    if groups.cp_size > 1:
+        labels = labels[:, context_parallel.local_positions(mb.spans, groups.cp_size, groups.cp_rank)]
+    labels = labels.to(logits.device)
     lp, ent = token_logprobs(logits, labels, tp_group=groups.tp, temperature=temperature, with_entropy=with_entropy)
     mask = mb.loss_mask.to(lp.device)
     if groups.cp_size > 1:
