@@ -118,9 +118,10 @@ def test_ipc_reach_needs_every_engine_on_trainer_rank_0s_gpu():
     assert one_engine.rollout.num_engines == 1 and one_engine.engines_share_gpu_of(0)
     two_engines = plan_of("moe_grpo", "nodes=1", "trainer.pipeline_parallel=1", "trainer.expert_parallel=4")
     assert not two_engines.engines_share_gpu_of(0)  # the engine on GPUs 4-7 cannot open rank 0's handles
-    assert two_engines.engine_shares_gpu_of(0)  # ... and the one on GPUs 0-3 shares rank 0's GPU: no NCCL with it
+    # ... and the one on GPUs 0-3 shares rank 0's GPU: it must receive NCCL pushes on another GPU
+    assert [a.gpus for a in two_engines.engines_on_gpu_of(0)] == [(0, 1, 2, 3)]
     disaggregated = plan_of("dense_grpo", "nodes=8", "rollout.engine_nodes=2")
-    assert not disaggregated.engines_share_gpu_of(0) and not disaggregated.engine_shares_gpu_of(0)
+    assert not disaggregated.engines_share_gpu_of(0) and disaggregated.engines_on_gpu_of(0) == []
     assert not plan_of("tiny_grpo").engines_share_gpu_of(0)  # CPU: no GPUs at all
 
 

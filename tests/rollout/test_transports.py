@@ -11,6 +11,7 @@ from hetrl.transport.weights import (
     bucketize,
     build_weight_receiver,
     build_weight_sender,
+    receive_device,
     resolve_transport,
     weight_sync_backend,
 )
@@ -114,11 +115,16 @@ def test_resolve_transport():
     assert resolve_transport("auto", on_gpu=True, engines_on_sender_gpu=False) == "collective"
     with pytest.raises(ValueError, match="trainer rank 0's GPU"):
         resolve_transport("ipc", on_gpu=True, engines_on_sender_gpu=False)
-    # NCCL refuses two ranks of a communicator on one GPU: a colocated engine on rank 0's GPU gets gloo.
+    # NCCL refuses two ranks of a communicator on one GPU: a one-GPU engine on rank 0's GPU gets gloo,
+    # an engine of several GPUs receives on its second one.
     assert weight_sync_backend("collective", on_gpu=True, engine_on_sender_gpu=False) == "nccl"
     assert weight_sync_backend("collective", on_gpu=True, engine_on_sender_gpu=True) == "gloo"
+    assert weight_sync_backend("collective", on_gpu=True, engine_on_sender_gpu=True, engine_tensor_parallel=4) == "nccl"
     assert weight_sync_backend("ipc", on_gpu=True, engine_on_sender_gpu=True) == "nccl"
     assert weight_sync_backend("collective", on_gpu=False, engine_on_sender_gpu=False) == "gloo"
+    assert receive_device("collective", "nccl", on_sender_gpu=True) == torch.device("cuda", 1)
+    assert receive_device("collective", "nccl", on_sender_gpu=False) is None
+    assert receive_device("ipc", "nccl", on_sender_gpu=True) is None
     with pytest.raises(ValueError, match="root="):
         build_weight_sender("filesystem")
     with pytest.raises(ValueError, match="valid"):

@@ -29,7 +29,7 @@ class RolloutConfig(Section):
     kv_cache_memory_mb: int = Field(512, ge=16, description="CPU engines: KV-cache memory (vLLM otherwise reserves ~90% of RAM).")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (always on for CPU engines).")
     weight_sync: Literal["auto", "collective", "ipc", "filesystem"] = Field(
-        "auto", description="Trainer->engine weight transport: auto = ipc when every engine runs on trainer rank 0's GPU (colocated, one engine on its node), collective otherwise (a NCCL broadcast between GPUs; gloo through host memory when an engine shares rank 0's GPU, which NCCL refuses)."
+        "auto", description="Trainer->engine weight transport: auto = ipc when every engine runs on trainer rank 0's GPU (colocated, one engine on its node), collective otherwise (a NCCL broadcast between GPUs; an engine colocated on rank 0's GPU receives on its second GPU, or, with one GPU, the push goes over gloo through host memory: NCCL refuses two ranks on one GPU)."
     )
     weight_sync_bucket_mb: int | None = Field(
         None, ge=1, description="Bucket size of the streamed weight sync, MiB; null = 256 on GPUs, 16 on CPUs (gloo: 256 MiB buffers are page-faulted in afresh on every push, 16 MiB ones are reused, ~1.7x faster)."

@@ -100,12 +100,11 @@ class Plan:
     def ranks_of(self, role: str) -> list[int]:
         return [a.world_rank for a in self.assignments if a.role == role]
 
-    def _engines_on_gpu_of(self, world_rank: int) -> tuple[list[RankAssignment], list[RankAssignment]]:
-        """(engines holding rank ``world_rank``'s GPU, all engines)."""
+    def engines_on_gpu_of(self, world_rank: int) -> list[RankAssignment]:
+        """The rollout engines that hold rank ``world_rank``'s (first) GPU: colocated on it."""
         rank = self.assignments[world_rank]
-        engines = [a for a in self.assignments if a.role == "rollout"]
-        on_it = [a for a in engines if rank.gpus and (a.component, a.node) == (rank.component, rank.node) and rank.gpus[0] in a.gpus]
-        return on_it, engines
+        return [a for a in self.assignments if a.role == "rollout" and rank.gpus
+                and (a.component, a.node) == (rank.component, rank.node) and rank.gpus[0] in a.gpus]
 
     def engines_share_gpu_of(self, world_rank: int) -> bool:
         """Whether every rollout engine can open CUDA IPC handles of rank ``world_rank``'s GPU memory.
@@ -113,13 +112,9 @@ class Plan:
         An engine must hold that GPU, at the same device index: a rollout rank sees only its
         engine's GPUs, and torch reopens a handle at the sender's device index.
         """
-        on_it, engines = self._engines_on_gpu_of(world_rank)
+        on_it, engines = self.engines_on_gpu_of(world_rank), self.ranks_of("rollout")
         gpu = self.assignments[world_rank].gpus[0] if on_it else None
         return bool(engines) and len(on_it) == len(engines) and all(a.gpus.index(gpu) == gpu for a in on_it)
-
-    def engine_shares_gpu_of(self, world_rank: int) -> bool:
-        """Whether some rollout engine holds rank ``world_rank``'s GPU (colocated on it)."""
-        return bool(self._engines_on_gpu_of(world_rank)[0])
 
     def role_sizes(self) -> dict[str, int]:
         return {role: len(self.ranks_of(role)) for role in ROLES}

@@ -59,19 +59,28 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     import torch
 
     from hetrl.transport.weights.collective import init_weight_sync_group
-    from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport, weight_sync_backend
+    from hetrl.transport.weights.factory import (
+        build_weight_receiver,
+        build_weight_sender,
+        receive_device,
+        resolve_transport,
+        weight_sync_backend,
+    )
 
     on_gpu = torch.cuda.is_available()
     sender_rank = ctx.plan.ranks_of("trainer")[0]
     kind = resolve_transport(cfg.rollout.weight_sync, on_gpu=on_gpu, engines_on_sender_gpu=ctx.plan.engines_share_gpu_of(sender_rank))
-    backend = weight_sync_backend(kind, on_gpu=on_gpu, engine_on_sender_gpu=ctx.plan.engine_shares_gpu_of(sender_rank))
+    on_sender_gpu = [a.world_rank for a in ctx.plan.engines_on_gpu_of(sender_rank)]
+    backend = weight_sync_backend(kind, on_gpu=on_gpu, engine_on_sender_gpu=bool(on_sender_gpu),
+                                  engine_tensor_parallel=cfg.rollout.engine_tensor_parallel)
     verify = cfg.rollout.verify_weight_sync
     if kind == "filesystem":
         root = run_dir / "weights"
         return build_weight_sender(kind, root=root, verify=verify) if sender else build_weight_receiver(kind, root=root, verify=verify)
     engines = ctx.plan.ranks_of("rollout")
     group_rank = 0 if sender else engines.index(ctx.rank) + 1
-    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend=backend)
+    device = None if sender else receive_device(kind, backend, on_sender_gpu=ctx.rank in on_sender_gpu)
+    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend=backend, device=device)
     if sender:
         return build_weight_sender(kind, group=group, verify=verify)
     # An engine whose model spans several GPUs stages pushes in host memory (see CollectiveWeightReceiver).

@@ -11,7 +11,13 @@ from hetrl.transport.weights.base import (
     tensor_checksum,
 )
 from hetrl.transport.weights.collective import WeightSyncGroup, init_weight_sync_group
-from hetrl.transport.weights.factory import build_weight_receiver, build_weight_sender, resolve_transport, weight_sync_backend
+from hetrl.transport.weights.factory import (
+    build_weight_receiver,
+    build_weight_sender,
+    receive_device,
+    resolve_transport,
+    weight_sync_backend,
+)
 
 __all__ = [
     "Bucket",
@@ -25,6 +31,7 @@ __all__ = [
     "build_weight_receiver",
     "build_weight_sender",
     "init_weight_sync_group",
+    "receive_device",
     "resolve_transport",
     "tensor_checksum",
     "weight_sync_backend",

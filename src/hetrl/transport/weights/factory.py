@@ -36,16 +36,24 @@ def resolve_transport(weight_sync: str, *, on_gpu: bool, engines_on_sender_gpu: 
     return weight_sync
 
 
-def weight_sync_backend(kind: str, *, on_gpu: bool, engine_on_sender_gpu: bool) -> str:
+def weight_sync_backend(kind: str, *, on_gpu: bool, engine_on_sender_gpu: bool, engine_tensor_parallel: int = 1) -> str:
     """The weight-sync group's payload backend: NCCL between GPUs, gloo (host memory) otherwise.
 
     NCCL refuses two ranks of one communicator on the same GPU, and a colocated engine on trainer
-    rank 0's GPU is exactly that: collective pushes then go over gloo. IPC pushes keep a CUDA
-    group (their payloads never touch it: handles travel over the gloo control group).
+    rank 0's GPU is exactly that. An engine of several GPUs receives on another of its own
+    (:func:`receive_device`); a one-GPU engine there leaves the push to gloo. IPC pushes keep a
+    CUDA group (their payloads never touch it: handles travel over the gloo control group).
     """
     if not on_gpu:
         return "gloo"
-    return "nccl" if kind == "ipc" or not engine_on_sender_gpu else "gloo"
+    return "nccl" if kind == "ipc" or not engine_on_sender_gpu or engine_tensor_parallel > 1 else "gloo"
+
+
+def receive_device(kind: str, backend: str, *, on_sender_gpu: bool) -> torch.device | None:
+    """Where an engine receives NCCL payloads: its second GPU when its first is the sender's, else the default."""
+    if backend == "nccl" and kind != "ipc" and on_sender_gpu:
+        return torch.device("cuda", 1)
+    return None
 
 
 def _check_args(kind: str, group: WeightSyncGroup | None, root: str | Path | None) -> None:
