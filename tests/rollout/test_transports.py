@@ -7,6 +7,7 @@ import torch
 
 from hetrl.transport.weights import (
     StagedWeights,
+    TensorMeta,
     WeightSyncError,
     bucketize,
     build_weight_receiver,
@@ -176,3 +177,13 @@ def test_shared_push_files_are_named_by_owner_and_swept_when_it_is_gone(tmp_path
     monkeypatch.setattr(worker_extension.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 1024})())
     with pytest.raises(OSError, match="MiB free"):
         worker_extension.write_shared_push({"w": torch.ones(4)}, version=4)
+
+
+def test_a_kept_push_moves_to_host_and_stays_verifiable():
+    state = _state()
+    staged = StagedWeights(version=5, tensors=dict(state))
+    staged.add([("extra", torch.ones(2))], [TensorMeta.of("extra", torch.ones(2), with_checksum=True)])
+    kept = staged.on_host()
+    assert kept.version == 5 and all(t.device.type == "cpu" for t in kept.tensors.values())
+    assert kept.tensors["layer.0.weight"] is state["layer.0.weight"]  # already on the host: no copy
+    kept.verify_checksums()

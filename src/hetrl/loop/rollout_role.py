@@ -107,7 +107,7 @@ class RolloutWorker:
             if staged.version != message.version:
                 raise RuntimeError(f"expected weights v{message.version}, received v{staged.version}")
             self.engine.load_weights(staged)
-            self.last_push = staged
+            self.last_push = staged.on_host()  # a GPU copy would hold a second model beside the engine's
             logger.info("now serving weights v%d", staged.version)
         elif isinstance(message, Shutdown):
             self.stop = True

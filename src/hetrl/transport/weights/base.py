@@ -128,6 +128,10 @@ class StagedWeights:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
+    def on_host(self) -> "StagedWeights":
+        """This push with its tensors in host memory (the same object's tensors where they already are)."""
+        return StagedWeights(self.version, {name: t.cpu() for name, t in self.tensors.items()}, dict(self.sent))
+
     def add(self, bucket: Bucket, metas: list[TensorMeta]) -> None:
         for (name, tensor), meta in zip(bucket, metas, strict=True):
             if name in self.tensors:
