@@ -36,6 +36,12 @@ from hetrl.types import Sample
 PAD_TOKEN_ID = 0  # masked everywhere it appears; right padding under a causal mask changes nothing
 
 
+def spans_from_bounds(bounds: Tensor) -> list[tuple[int, int]]:
+    """``(start, length)`` of each span from cumulative bounds ``[0, e1, e2, ...]`` (a ``cu_seqlens``)."""
+    edges = bounds.tolist()
+    return [(start, end - start) for start, end in zip(edges[:-1], edges[1:])]
+
+
 @dataclass
 class MicroBatch:
     """One forward/backward pass: model-space inputs and sample-space targets."""
@@ -63,8 +69,7 @@ class MicroBatch:
         """``(start, length)`` of each attention span of a row: the packed samples, or the whole row."""
         if self.cu_seqlens_padded is None:
             return [(0, self.tokens.shape[1])]
-        bounds = self.cu_seqlens_padded.tolist()
-        return [(start, end - start) for start, end in zip(bounds[:-1], bounds[1:])]
+        return spans_from_bounds(self.cu_seqlens_padded)
 
 
 @dataclass

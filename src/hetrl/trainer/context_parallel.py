@@ -29,6 +29,7 @@ What crosses ranks, and why the gradients add up:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,15 +40,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from hetrl.trainer.batch import MicroBatch
+from hetrl.trainer.batch import MicroBatch, spans_from_bounds
 
 
 def local_positions(spans: Sequence[tuple[int, int]], cp_size: int, cp_rank: int) -> Tensor:
     """Row positions CP rank ``cp_rank`` holds, in order: chunks ``r`` and ``2cp-1-r`` of every span.
 
     ``spans`` are ``(start, length)`` of the attention spans of a row: the whole row, or each
-    packed sample (``MicroBatch.spans``); every length must be a multiple of ``2 * cp``.
+    packed sample (``MicroBatch.spans``); every length must be a multiple of ``2 * cp``. Every
+    layer asks for the same few layouts, so they are built once (the result must not be modified).
     """
+    return _local_positions(tuple(spans), cp_size, cp_rank)
+
+
+@functools.lru_cache(maxsize=256)
+def _local_positions(spans: tuple[tuple[int, int], ...], cp_size: int, cp_rank: int) -> Tensor:
     held = []
     for start, length in spans:
         if length % (2 * cp_size):
@@ -83,9 +90,8 @@ class _GatherSequence(torch.autograd.Function):
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
         order = torch.cat([local_positions(spans, size, r) for r in range(size)]).to(local.device)
-        full = torch.empty_like(torch.cat(parts, dim=dim))
-        full.index_copy_(dim, order, torch.cat(parts, dim=dim))
-        return full
+        gathered = torch.cat(parts, dim=dim)  # rank-major; `order` puts each position where it belongs
+        return torch.empty_like(gathered).index_copy_(dim, order, gathered)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -144,8 +150,7 @@ class AllGatherAttention(torch.nn.Module):
             out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2)
             return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
         bounds = packed_seq_params.cu_seqlens_q_padded
-        bounds = (packed_seq_params.cu_seqlens_q if bounds is None else bounds).tolist()
-        spans = [(start, end - start) for start, end in zip(bounds[:-1], bounds[1:])]
+        spans = spans_from_bounds(packed_seq_params.cu_seqlens_q if bounds is None else bounds)
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [h, t, d]
         return self._attend(q, k, v, dim=1, spans=spans).transpose(0, 1).reshape(query.shape[0], -1)
 

@@ -15,8 +15,8 @@ Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
   ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above), and drops
   ``pin_memory`` requests (page-locked memory needs an accelerator; it only speeds copies to one).
   Autograd runs backward functions outside any function mode, so what backward passes need is
-  patched at the source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's split sizes
-  become host arrays (it converts only CUDA tensors);
+  patched at the source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's
+  split sizes become host arrays (it converts only CUDA tensors);
 * ``torch.cuda`` functions that would raise "Torch not compiled with CUDA enabled" become CPU
   stand-ins: ``current_device() -> torch.device("cpu")``, stream/event objects whose
   waits are no-ops (CPU work is synchronous), ``synchronize``/``empty_cache`` no-ops;
