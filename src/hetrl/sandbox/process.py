@@ -3,8 +3,7 @@
 The process starts in its own session; at the deadline (or when an output stream passes its cap)
 the whole process group is SIGKILLed. Under bubblewrap that group holds the outer bwrap, whose
 death kills the namespace's init (``--die-with-parent``) and with it every process in the PID
-namespace, including ones that called setsid() or double-forked. ``wait4`` gives the peak RSS of
-the reaped tree and its CPU time, which tell memory and CPU kills from other failures.
+namespace, including ones that called setsid() or double-forked.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ class Supervised:
     streams: dict[str, bytes] = field(default_factory=dict)
     truncated: set[str] = field(default_factory=set)
     killed_for: str | None = None  # "deadline" | "output"
-    maxrss_kb: int = 0
-    cpu_s: float = 0.0  # user + system time of the reaped tree
     wall_s: float = 0.0
 
 
@@ -88,12 +85,10 @@ def supervise(
     finally:
         if result.killed_for is not None:
             _stop(proc.pid, inner_pid(result.streams) if inner_pid else None)
-        _, status, rusage = os.wait4(proc.pid, 0)
+        _, status = os.waitpid(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         _kill_group(proc.pid)  # stragglers of an unisolated run that stayed in the group
         result.exit_status = proc.returncode
-        result.maxrss_kb = rusage.ru_maxrss
-        result.cpu_s = rusage.ru_utime + rusage.ru_stime
         result.wall_s = time.monotonic() - start
     return result
 

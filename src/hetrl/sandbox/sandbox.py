@@ -228,12 +228,18 @@ class Sandbox:
         sig = -status if status < 0 else (status - 128 if self.isolation.isolated and 128 < status < 160 else None)
         timeout = raw.killed_for == "deadline"
         truncated = bool(raw.truncated)
-        memory = any(m in stderr[-4000:] for m in _MEMORY_MARKERS) or (sig is not None and raw.maxrss_kb * 1024 >= 0.9 * limits.memory_mb * _MIB)
+        # Not the tree's peak RSS: a child forked from a large parent (a trainer process) inherits
+        # the parent's peak, so a `while True: pass` would read as 450 MiB.
+        memory = any(m in stderr[-4000:] for m in _MEMORY_MARKERS)
         if timeout:
             reason = f"timeout: wall-clock deadline of {limits.wall_s:g}s exceeded, process tree killed"
         elif truncated:
             reason = f"output limit: {'/'.join(sorted(raw.truncated))} exceeded {limits.max_output_bytes} bytes, process tree killed"
-        elif sig in (signal.SIGXCPU, signal.SIGKILL) and raw.cpu_s >= limits.cpu_s * 0.8:  # rusage lags the rlimit clock by ~10%
+        elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and not memory):
+            # RLIMIT_CPU sends SIGXCPU at its soft limit and SIGKILL at its hard one. Nothing else
+            # here sends SIGKILL: the deadline and output kills are flagged above, and RLIMIT_AS
+            # makes allocations fail instead of killing. (The tree's rusage is no witness: under
+            # load it once read below 0.8 s for a 1 s kill.)
             reason = f"cpu limit: {limits.cpu_s}s of CPU time exceeded"
         elif memory:
             reason = f"memory limit: address space of {limits.memory_mb} MiB exceeded"
