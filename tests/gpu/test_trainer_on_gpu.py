@@ -147,9 +147,9 @@ def test_ipc_push_arrives_whole_and_verified():
     sender = mp.get_context("spawn").Process(target=_ipc_sender, args=(port,))
     sender.start()
     group = init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, backend="nccl", timeout_s=60)
-    staged = build_weight_receiver("ipc", group=group, verify=True, stage_on=torch.device("cpu")).receive()
+    staged = build_weight_receiver("ipc", group=group, verify=True, shared_memory=True).receive()
     sender.join(timeout=60)
     assert sender.exitcode == 0 and staged.version == 1
     for name, tensor in _ipc_state().items():
-        assert staged.tensors[name].device.type == "cpu"  # staged in host memory, as for a TP engine
+        assert staged.tensors[name].device.type == "cpu"  # staged in /dev/shm, as for a TP engine
         assert torch.equal(staged.tensors[name], tensor)

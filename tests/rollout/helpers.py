@@ -36,14 +36,14 @@ def _run_sender(port: int, buckets, version: int, verify: bool, errors: list) ->
         errors.append(error)
 
 
-def push_over_gloo(buckets, version: int, verify: bool = False) -> tuple[StagedWeights | WeightSyncError, list]:
+def push_over_gloo(buckets, version: int, verify: bool = False, shared_memory: bool = False) -> tuple[StagedWeights | WeightSyncError, list]:
     """Trainer rank 0 in a thread, engine rank 1 here: one gloo group of their own."""
     port, errors = free_port(), []
     thread = threading.Thread(target=_run_sender, args=(port, buckets, version, verify, errors))
     thread.start()
     group = init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=30)
     try:
-        outcome = build_weight_receiver("collective", group=group, verify=verify).receive()
+        outcome = build_weight_receiver("collective", group=group, verify=verify, shared_memory=shared_memory).receive()
     except WeightSyncError as error:
         outcome = error
     thread.join()

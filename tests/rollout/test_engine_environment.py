@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from hetrl.rollout import engine
 from hetrl.rollout.engine import configure_vllm_environment
 
 VARIABLES = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU")
@@ -15,6 +16,7 @@ VARIABLES = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLL
 def four_cores(monkeypatch):
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)  # restored after the test
+    monkeypatch.setattr(engine, "_SET_BY_HETRL", {})  # with it, what hetrl set for engines of earlier tests
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
 
 

@@ -8,6 +8,7 @@ import torch
 from hetrl.transport.weights import (
     StagedWeights,
     TensorMeta,
+    WeightStreamBroken,
     WeightSyncError,
     bucketize,
     build_weight_receiver,
@@ -89,6 +90,24 @@ def test_filesystem_push_is_atomic_and_versioned(tmp_path):
     assert receiver.receive().version == 4
 
 
+def test_filesystem_receiver_waits_for_its_version_and_a_resend_replaces_it(tmp_path):
+    """The engine hears of a push before the trainer has written it; a version sent again replaces itself."""
+    import threading
+
+    state = _state(3)
+    sender = build_weight_sender("filesystem", root=tmp_path)
+    receiver = build_weight_receiver("filesystem", root=tmp_path, wait_s=30)
+    writer = threading.Timer(0.3, lambda: sender.send(bucketize(state.items(), 200), version=1))
+    writer.start()
+    staged = receiver.receive(1)
+    writer.join()
+    assert staged.version == 1 and all(torch.equal(staged.tensors[n], t) for n, t in state.items())
+    sender.send(bucketize(state.items(), 200), version=1)
+    assert receiver.receive(1).version == 1 and not list(tmp_path.glob(".v*"))
+    with pytest.raises(WeightStreamBroken, match="did not appear"):
+        build_weight_receiver("filesystem", root=tmp_path, wait_s=0.2).receive(2)
+
+
 def test_gloo_push_roundtrip_with_verify():
     import torch.distributed as dist
 
@@ -151,32 +170,86 @@ def test_a_sender_that_vanishes_midway_times_out_into_a_sync_error():
     thread = threading.Thread(target=one_bucket_then_gone)
     thread.start()
     group = init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=2)
-    with pytest.raises(WeightSyncError, match="broke off after 7 tensors"):
+    with pytest.raises(WeightStreamBroken, match="broke off after 7 tensors"):
         build_weight_receiver("collective", group=group).receive()
     thread.join()
 
 
-def test_shared_push_files_are_named_by_owner_and_swept_when_it_is_gone(tmp_path, monkeypatch):
-    """TP engines hand pushes to their workers in /dev/shm; a SIGKILLed engine's file must not hold RAM for ever."""
+def test_a_push_refused_for_its_content_is_read_to_its_end_and_the_next_one_arrives():
+    """A bad push must not leave the group out of step: the engine refuses it and takes the next."""
+    import threading
+
+    from hetrl.transport.weights import init_weight_sync_group
+    from tests.rollout.helpers import free_port
+
+    port, state, errors = free_port(), _state(9), []
+    twice = [list(state.items())[:2], list(state.items())[1:3], list(state.items())[3:]]  # a tensor in two buckets
+
+    def two_pushes():
+        try:
+            group = init_weight_sync_group("127.0.0.1", port, rank=0, world_size=2, timeout_s=30)
+            sender = build_weight_sender("collective", group=group)
+            sender.send(twice, version=1)
+            sender.send(bucketize(state.items(), 256), version=2)
+        except BaseException as error:  # noqa: BLE001 - reported to the test thread
+            errors.append(error)
+
+    thread = threading.Thread(target=two_pushes)
+    thread.start()
+    receiver = build_weight_receiver("collective", group=init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=30))
+    with pytest.raises(WeightSyncError, match="sent twice") as refused:
+        receiver.receive()
+    assert not isinstance(refused.value, WeightStreamBroken)
+    staged = receiver.receive()
+    thread.join()
+    assert not errors and staged.version == 2
+    assert all(torch.equal(staged.tensors[n], t) for n, t in state.items())
+
+
+def test_shared_memory_pushes_are_named_by_owner_and_swept_when_it_is_gone(tmp_path, monkeypatch):
+    """TP engines hand pushes to their workers in /dev/shm; a SIGKILLed engine's push must not hold RAM for ever."""
     import os
     import subprocess
     import sys
 
-    import torch
+    from hetrl.transport.weights import shared_memory
 
-    from hetrl.rollout import worker_extension
-
-    monkeypatch.setattr(worker_extension, "shared_memory_dir", lambda: tmp_path)
-    mine = worker_extension.write_shared_push({"w": torch.ones(4)}, version=3)
+    monkeypatch.setattr(shared_memory, "shared_memory_dir", lambda: tmp_path)
+    state = _state(4)
+    mine = shared_memory.write_push(state, version=3)
     assert mine.name.startswith(f"hetrl-push-{os.getpid()}-v3-")
+    assert all(torch.equal(t, state[n]) and t.dtype == state[n].dtype for n, t in shared_memory.read_push(mine))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    orphan = tmp_path / f"hetrl-push-{dead.stdout.strip()}-v2-x.safetensors"
-    orphan.write_bytes(b"left by a killed engine")
-    assert worker_extension.sweep_stale_pushes() == 1
+    orphan = tmp_path / f"hetrl-push-{dead.stdout.strip()}-v2-x"
+    orphan.mkdir()
+    (orphan / "bucket_00000.bin").write_bytes(b"left by a killed engine")
+    assert shared_memory.sweep_stale_pushes() == 1
     assert mine.exists() and not orphan.exists()
-    monkeypatch.setattr(worker_extension.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 1024})())
-    with pytest.raises(OSError, match="MiB free"):
-        worker_extension.write_shared_push({"w": torch.ones(4)}, version=4)
+
+
+def test_a_push_staged_in_shared_memory_is_mapped_not_copied_and_no_room_refuses_it(tmp_path, monkeypatch):
+    """The receiver of a TP engine stages each bucket in a /dev/shm file; a full /dev/shm refuses the push, cleanly."""
+    import errno
+
+    from hetrl.transport.weights import shared_memory
+
+    monkeypatch.setattr(shared_memory, "shared_memory_dir", lambda: tmp_path)
+    state = _state(5)
+    staged, errors = push_over_gloo(bucketize(state.items(), 256), version=7, verify=True, shared_memory=True)
+    assert not errors and staged.version == 7 and staged.shared_dir.parent == tmp_path
+    assert all(torch.equal(staged.tensors[n], t) for n, t in state.items())
+    assert sorted(name for name, _ in shared_memory.read_push(staged.shared_dir)) == sorted(state)
+    shared_memory.remove_push(staged.shared_dir)
+    assert all(torch.equal(staged.tensors[n], t) for n, t in state.items())  # still mapped once the files are gone
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_memory.os, "posix_fallocate", no_room)
+    refused, errors = push_over_gloo(bucketize(state.items(), 256), version=8, shared_memory=True)
+    assert not errors and isinstance(refused, WeightSyncError) and "no room" in str(refused)
+    assert not isinstance(refused, WeightStreamBroken)  # read to its end: the next push can come
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_kept_push_moves_to_host_and_stays_verifiable():

@@ -36,7 +36,10 @@ class RolloutConfig(Section):
     )
     verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")
     weight_sync_timeout_s: float = Field(
-        300.0, gt=0.0, description="How long an engine waits for the next bucket of a weight push before it drops the push and keeps its old weights."
+        300.0, gt=0.0, description="How long an engine waits for the next bucket of a weight push. A push that times out breaks the transport, so it stops the job (resume from the last checkpoint); the engine never serves a partial push."
+    )
+    weight_sync_retries: int = Field(
+        2, ge=0, description="Times in a row a push an engine refused (checksum mismatch, missing tensors, TP workers that failed to load it) is sent again; the engine serves its old version meanwhile. One failure more stops the job."
     )
     max_num_seqs: int = Field(256, ge=1, description="Sequences one engine decodes together (vLLM max_num_seqs).")
     max_num_batched_tokens: int | None = Field(

@@ -88,6 +88,7 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         summary["eval_after"] = orch.evaluate(held_out)[0]
         summary["trained_samples"] = state.trained_before + len(orch.ledger.trained)
         summary["dropped_stale_samples"] = orch.ledger.dropped_stale
+        summary["refused_weight_pushes"] = orch.refused_pushes_total
         summary["samples"] = orch.ledger_report()  # every training sample id accounted for
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         measure = "greedy" if cfg.eval.temperature == 0 else f"mean@{cfg.eval.k}, temperature {cfg.eval.temperature:g}"
@@ -118,7 +119,8 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
     monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale),
-                       names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative)})
+                       names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
+                       names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes())})
     with monitor.timer(step, "train"):
         done = orch.train(step, batch)
     monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))

@@ -6,6 +6,8 @@
   hang             the rank sleeps forever (signals must still stop the job)
   engine_crash@n   rollout: the generation engine raises on its n-th decoding step (once); the
                    rank must rebuild it and the loop re-queue the episodes it held
+  push_refused@n   rollout: the engine refuses its n-th weight push after reading it whole (once);
+                   it must keep serving its old version and the orchestrator have the push resent
   scorer_crash@n   reward: the rubric raises on the n-th batch (once); its samples must be retried
   scorer_stall@n   reward: the worker sleeps STALL_S seconds before scoring its n-th batch (once);
                    the stalled-role guard must notice while the orchestrator waits
@@ -27,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "scorer_crash", "scorer_stall", "reward_drop", "nan_loss", "desync_weights")
+KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "scorer_stall", "reward_drop", "nan_loss", "desync_weights")
 FAULT_ENV = "HETRL_INJECT_FAULT"
 STALL_S = 8.0  # long enough to outlast a rig's stalled_role.timeout_s of a few seconds
 REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level

@@ -3,7 +3,9 @@
 One rank on the CPU partition. It hands episodes to the rollout ranks, routes finished samples to
 the reward workers, assembles each step's batch from complete groups and sends DP shards to the
 trainer ranks; the trainer pushes its new weights straight to the engines (torch.distributed),
-the orchestrator only tells the engines when to take them.
+the orchestrator only tells the engines when to take them. When an engine refuses a push
+(:class:`PushRefused`), the orchestrator has the trainer send the same version again, unless a
+newer push is on its way; the engine's samples from its old version meet the staleness bound.
 
 The three schedules are one mechanism with a different look-ahead: groups may be dispatched while
 ``in flight + ready + in training < prompts_per_step x (1 + look-ahead)``, with look-ahead 0 for
@@ -32,7 +34,8 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.loop.batching import advantages_for, check_loop_support, require_room
 from hetrl.loop.work import (
-    EpisodeItem, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone, TrainWork, id_order,
+    EpisodeItem, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone,
+    TrainWork, id_order,
 )
 from hetrl.monitor import names
 from hetrl.monitor.guards import IDLE
@@ -100,6 +103,10 @@ class Orchestrator:
         self.engine_load = dict.fromkeys(self.engines, 0)
         self.reward_load = dict.fromkeys(self.reward_ranks, 0)
         self.train_done: TrainDone | None = None
+        self._training = False  # a step is at the trainer: the push that follows it supersedes any other
+        self._push_attempt = 0  # sends of the current version's weights so far, minus one
+        self.refused_pushes = 0  # since the last take_refused_pushes()
+        self.refused_pushes_total = 0
         self._next_group = 0
         self._train_groups_open = 0  # dispatched training groups not yet complete
         self._open_tasks: dict[str, int] = {}  # training group id -> its task's stream cursor, until trained or dropped
@@ -177,6 +184,8 @@ class Orchestrator:
             self._on_reward(message, source)
         elif isinstance(message, TrainDone):
             self.train_done = message
+        elif isinstance(message, PushRefused):
+            self._on_push_refused(message, source)
         else:
             raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
 
@@ -192,6 +201,33 @@ class Orchestrator:
         if message.samples:
             self._send_to_reward(message.samples, avoid=None)
         self._report("rollout", any(self.engine_load.values()), "generating")
+
+    def _on_push_refused(self, message: PushRefused, engine: int) -> None:
+        """An engine refused a push and serves its old weights: have the trainer send it again.
+
+        Not while a step is at the trainer (its push comes next and supersedes this one), nor for a
+        send already superseded: several engines refusing one send get one send again.
+        """
+        self.refused_pushes += 1
+        self.refused_pushes_total += 1
+        logger.warning("engine rank %d refused weight push v%d (send %d): %s", engine, message.version, message.attempt + 1, message.reason)
+        if self._training or (message.version, message.attempt) != (self.version, self._push_attempt):
+            return
+        self._push_attempt += 1
+        for rank in self.trainer_ranks:
+            send(self.ctx.world, PushWeights(self.version), rank, Tag.WORK)
+        self.sync_engines(self.version, self._push_attempt)
+
+    def sync_engines(self, version: int, attempt: int = 0) -> None:
+        """Tell every engine to receive the push of ``version`` the trainer is sending."""
+        self.version, self._push_attempt = version, attempt
+        for engine in self.engines:
+            send(self.ctx.world, SyncWeights(version, attempt), engine, Tag.WORK)
+
+    def take_refused_pushes(self) -> int:
+        """Pushes engines refused since the previous call (the ``weight_sync/refused_pushes`` metric)."""
+        count, self.refused_pushes = self.refused_pushes, 0
+        return count
 
     def _requeue_episodes(self, sample_ids: list[str], failed_engine: int) -> None:
         """Episodes an engine lost go out again under the same ids, to another engine if there is one."""
@@ -282,16 +318,14 @@ class Orchestrator:
         for rank in self.trainer_ranks:
             send(self.ctx.world, work, rank, Tag.WORK)
         self._report("trainer", True, "training")
-        self.train_done = None
+        self.train_done, self._training = None, True
         while self.train_done is None:
             self.pump(timeout_s=3600)
-        done, self.train_done = self.train_done, None
+        done, self.train_done, self._training = self.train_done, None, False
         self._report("trainer", False, "training")
         if not supervised:
             done.metrics[names.time_phase("reward")] = sum(self._reward_s.pop(s.sample_id, 0.0) for s in samples)
-        self.version = done.version
-        for engine in self.engines:
-            send(self.ctx.world, SyncWeights(done.version), engine, Tag.WORK)
+        self.sync_engines(done.version)
         return done
 
     # ------------------------------------------------------------------ the schedule

@@ -25,7 +25,7 @@ from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop import preempt
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.loop.trainer_role import checkpoint_root
-from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored, SyncWeights
+from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored
 
 logger = logging.getLogger(__name__)
 _TRAINER_REPLY_TIMEOUT_S = 3600.0
@@ -74,8 +74,7 @@ def resume(ctx: RoleContext, cfg: CheckpointConfig, orch: Orchestrator, run_dir:
     orch.load_state_dict(restored.loop_state["orchestrator"])
     if orch.version != restored.version:
         raise RuntimeError(f"checkpoint {path} holds weights v{restored.version} but loop state of v{orch.version}")
-    for engine in orch.engines:  # the trainer is pushing the loaded weights now
-        send(ctx.world, SyncWeights(restored.version), engine, Tag.WORK)
+    orch.sync_engines(restored.version)  # the trainer is pushing the loaded weights now
     state = LoopState(**restored.loop_state["loop"])
     print(f"[hetrl] resumed from {path}: policy v{orch.version}, {state.warm_steps_done} warm-start and "
           f"{state.rl_steps_done} RL steps done", flush=True)

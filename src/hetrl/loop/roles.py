@@ -76,16 +76,18 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     verify = cfg.rollout.verify_weight_sync
     if kind == "filesystem":
         root = run_dir / "weights"
-        return build_weight_sender(kind, root=root, verify=verify) if sender else build_weight_receiver(kind, root=root, verify=verify)
+        if sender:
+            return build_weight_sender(kind, root=root, verify=verify)
+        return build_weight_receiver(kind, root=root, verify=verify, wait_s=cfg.rollout.weight_sync_timeout_s)
     engines = ctx.plan.ranks_of("rollout")
     group_rank = 0 if sender else engines.index(ctx.rank) + 1
     device = None if sender else receive_device(kind, backend, on_sender_gpu=ctx.rank in on_sender_gpu)
-    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend=backend, device=device)
+    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend=backend, device=device,
+                                   timeout_s=cfg.rollout.weight_sync_timeout_s)
     if sender:
         return build_weight_sender(kind, group=group, verify=verify)
-    # An engine whose model spans several GPUs stages pushes in host memory (see CollectiveWeightReceiver).
-    stage_on = torch.device("cpu") if cfg.rollout.engine_tensor_parallel > 1 else None
-    return build_weight_receiver(kind, group=group, verify=verify, stage_on=stage_on)
+    # An engine with TP workers stages pushes in /dev/shm, where they map them (see CollectiveWeightReceiver).
+    return build_weight_receiver(kind, group=group, verify=verify, shared_memory=cfg.rollout.engine_tensor_parallel > 1)
 
 
 def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:
@@ -106,7 +108,8 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
         from hetrl.loop.rollout_role import run_rollout
 
         crash = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "engine_crash")
-        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False), crash)
+        refuse_push = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "push_refused")
+        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False), crash, refuse_push)
     elif ctx.role == "trainer":
         from hetrl.loop.trainer_role import run_trainer
 

@@ -13,6 +13,11 @@ An engine failure while generating does not lose work: the episodes it held are 
 reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
 engine is rebuilt from the checkpoint and the last weight push it applied. Episodes whose env
 rank went down are reported as ``failed`` the same way, and re-run on the env ranks still up.
+
+A weight push the engine refuses (checksum mismatch, missing tensors, TP workers that could not
+load it) leaves it serving its old version; the rank reports :class:`PushRefused` and the
+orchestrator has the push sent again, up to ``rollout.weight_sync_retries`` times in a row. A
+broken transport (:class:`WeightStreamBroken`) cannot carry another push and stops the job.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import EpisodeItem, RolloutDone, RolloutWork, Shutdown, SyncWeights
+from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, Shutdown, SyncWeights
+from hetrl.transport.weights import WeightStreamBroken, WeightSyncError
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -36,12 +42,14 @@ _NAP_MIN_S = 0.0005
 
 
 class RolloutWorker:
-    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown) -> None:
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown,
+                 refuse_push: Countdown) -> None:
         from hetrl.env.chat import ChatCodec
         from hetrl.env.registry import env_factory
         from transformers import AutoTokenizer
 
-        self.ctx, self.cfg, self.receiver, self.crash = ctx, cfg, receiver, crash
+        self.ctx, self.cfg, self.receiver, self.crash, self.refuse_push = ctx, cfg, receiver, crash, refuse_push
+        self.refused_in_a_row = 0
         self.model_dir = model_dir
         self.engine = self._new_engine()
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
@@ -103,16 +111,39 @@ class RolloutWorker:
                 self._tasks[task] = item
                 task.add_done_callback(self._episode_done)
         elif isinstance(message, SyncWeights):
-            staged = self.receiver.receive()
-            if staged.version != message.version:
-                raise RuntimeError(f"expected weights v{message.version}, received v{staged.version}")
-            self.engine.load_weights(staged)
-            self.last_push = staged.on_host()  # a GPU copy would hold a second model beside the engine's
-            logger.info("now serving weights v%d", staged.version)
+            self._sync_weights(message)
         elif isinstance(message, Shutdown):
             self.stop = True
         else:
             raise TypeError(f"rollout rank got an unexpected message {type(message).__name__}")
+
+    def _sync_weights(self, message: SyncWeights) -> None:
+        """Take part in the push, then serve it; a refused push is reported, and the old version served."""
+        try:
+            staged = self.receiver.receive(message.version)
+            if staged.version == self.engine.version:  # sent again for another engine's sake
+                return
+            if self.refuse_push.fire():
+                raise WeightSyncError(f"injected fault: push v{staged.version} refused (as if its checksums did not match)")
+            self.engine.load_weights(staged)
+        except WeightStreamBroken:
+            raise
+        except WeightSyncError as error:
+            self._refused(message, error)
+            return
+        self.refused_in_a_row = 0
+        self.last_push = staged.on_host()  # a GPU copy would hold a second model beside the engine's
+        logger.info("now serving weights v%d", staged.version)
+
+    def _refused(self, message: SyncWeights, error: WeightSyncError) -> None:
+        self.refused_in_a_row += 1
+        if self.refused_in_a_row > self.cfg.rollout.weight_sync_retries:
+            raise RuntimeError(f"this engine refused {self.refused_in_a_row} weight pushes in a row "
+                               f"(rollout.weight_sync_retries={self.cfg.rollout.weight_sync_retries}); the last: {error}") from error
+        logger.error("weight push v%d refused (%s); still serving v%d, asking for it again", message.version, error, self.engine.version)
+        if self.engine.broken:  # TP workers stopped midway: rebuild at the version it served
+            self._replace_engine(error)
+        send(self.ctx.world, PushRefused(message.version, message.attempt, str(error)), self.ctx.orchestrator_rank, Tag.RESULT)
 
     def _step_engine(self) -> bool:
         """One decoding step; resolve the episodes' pending generate calls. False when idle."""
@@ -177,5 +208,5 @@ class RolloutWorker:
         self.engine.shutdown()
 
 
-def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown) -> None:
-    asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver, crash).run())
+def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown, refuse_push: Countdown) -> None:
+    asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver, crash, refuse_push).run())

@@ -16,6 +16,7 @@ Checkpoints (``RUN_DIR/checkpoints/step_<version>``) hold model, optimizer, LR s
 the orchestrator's loop state, saved when the orchestrator sends :class:`Checkpoint`. On
 :class:`Restore` the trainer loads one and pushes its weights like a step's: the engines start from
 the initial HF checkpoint at version 0, so this push is what makes them serve the resumed version.
+On :class:`PushWeights` (an engine refused the last push) it pushes the same weights again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored, Shutdown, TrainDone, TrainWork
+from hetrl.loop.work import Checkpoint, CheckpointDone, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
 from hetrl.monitor import names
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
             stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
             _reply(ctx, sender, Restored(version, loop_state))
+            with clock.timing("weight_sync"):
+                _push_weights(trainer, cfg, sender, version)
+            continue
+        if isinstance(message, PushWeights):  # an engine refused the last push: the same weights again
+            if message.version != version:
+                raise RuntimeError(f"orchestrator asked to push v{message.version} again, the trainer holds v{version}")
             with clock.timing("weight_sync"):
                 _push_weights(trainer, cfg, sender, version)
             continue

@@ -68,9 +68,31 @@ class TrainDone:
 
 @dataclass
 class SyncWeights:
-    """Engines: receive weights of ``version`` now (the trainer is sending them)."""
+    """Engines: receive weights of ``version`` now (the trainer is sending them).
+
+    ``attempt`` counts the sends of one version: 0 for the push after a step, 1 and up for the
+    pushes again after an engine refused one (:class:`PushRefused`).
+    """
 
     version: int
+    attempt: int = 0
+
+
+@dataclass
+class PushWeights:
+    """Trainer ranks: push the weights of ``version`` (the ones they hold) once more."""
+
+    version: int
+
+
+@dataclass
+class PushRefused:
+    """Engine -> orchestrator: push ``version`` (its ``attempt``-th send) was refused, the engine
+    serves its old weights; the push was read to its end, so it can come again."""
+
+    version: int
+    attempt: int
+    reason: str
 
 
 @dataclass

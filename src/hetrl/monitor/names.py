@@ -112,6 +112,9 @@ MISMATCH_MAX_ABS_LOGPROB_DIFF = _spec(
 STALENESS_MEAN = _spec("staleness/mean", "Mean policy lag (trainer version - oldest token version) of trained samples.", "versions")
 STALENESS_MAX = _spec("staleness/max", "Largest policy lag among trained samples.", "versions")
 STALENESS_DROPPED = _spec("staleness/dropped", "Samples dropped this step for exceeding the staleness bound.", "samples")
+WEIGHT_SYNC_REFUSED = _spec(
+    "weight_sync/refused_pushes", "Weight pushes engines refused since the previous step (each was sent again; the engine served "
+    "its old version meanwhile, so its samples may have been dropped as stale).", "pushes")
 DYNAMIC_SAMPLING_DROPPED = _spec("dynamic_sampling/dropped_groups", "Groups dropped this step by DAPO dynamic sampling (all rewards equal) and refilled.", "groups")
 
 # --- throughput and time ---

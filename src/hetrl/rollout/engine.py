@@ -34,6 +34,7 @@ from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
 from hetrl.rollout import worker_extension
+from hetrl.transport.weights import shared_memory
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
 from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
 
@@ -177,7 +178,7 @@ class GenerationEngine:
         self.num_rejected = 0
         self._vllm = vllm
         if cfg.engine_tensor_parallel > 1:
-            worker_extension.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
+            shared_memory.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
@@ -214,6 +215,11 @@ class GenerationEngine:
     @property
     def num_paused(self) -> int:
         return len(self._paused)
+
+    @property
+    def broken(self) -> bool:
+        """A weight swap failed midway: the engine refuses work until a complete push is loaded."""
+        return self._broken is not None
 
     def has_work(self) -> bool:
         """True while samples are decoding or finished results wait to be polled."""
@@ -338,25 +344,11 @@ class GenerationEngine:
         version; otherwise they finish as ``"abort"``. Raises :class:`WeightSyncError` and keeps
         the old version when the push does not match the checkpoint's tensors.
         """
-        if staged.version <= self.version:
-            raise WeightSyncError(f"push v{staged.version} is not newer than the live v{self.version}")
-        staged.check_complete(self.expected_weights)
-        shared = None
-        if self.cfg.engine_tensor_parallel > 1:  # the TP workers are other processes: they read the push from RAM
-            try:
-                shared = worker_extension.write_shared_push(staged.tensors, staged.version)
-            except Exception as error:  # no worker has touched its weights yet: the old version stays
-                raise WeightSyncError(f"push v{staged.version} could not be handed to the TP workers: {error}") from error
-        self.interrupt()
         try:
-            self._reload(staged, shared)
-        except Exception as error:
-            # vLLM may have written some layers already: the engine must not serve a mix.
-            self._broken = f"weight swap to v{staged.version} failed midway ({error}); load a complete push to recover"
-            raise WeightSyncError(self._broken) from error
-        finally:
-            if shared is not None:
-                worker_extension.remove_shared_push(shared)
+            self._swap(staged)
+        finally:  # a push staged in shared memory is read by now; the tensors the caller keeps stay mapped
+            if staged.shared_dir is not None:
+                shared_memory.remove_push(staged.shared_dir)
         self._engine.reset_prefix_cache()  # KV computed under the old weights must not be reused
         self.version = staged.version
         self._broken = None
@@ -365,8 +357,34 @@ class GenerationEngine:
         else:
             self.abort_paused()
 
+    def _swap(self, staged: StagedWeights) -> None:
+        if staged.version <= self.version:
+            raise WeightSyncError(f"push v{staged.version} is not newer than the live v{self.version}")
+        staged.check_complete(self.expected_weights)
+        shared = written = None
+        if self.cfg.engine_tensor_parallel > 1:  # the TP workers are other processes: they map the push from /dev/shm
+            shared = staged.shared_dir or (written := self._write_shared(staged))
+        self.interrupt()
+        try:
+            self._reload(staged, shared)
+        except Exception as error:
+            # vLLM may have written some layers already: the engine must not serve a mix.
+            self._broken = f"weight swap to v{staged.version} failed midway ({error}); load a complete push to recover"
+            raise WeightSyncError(self._broken) from error
+        finally:
+            if written is not None:
+                shared_memory.remove_push(written)
+
+    @staticmethod
+    def _write_shared(staged: StagedWeights) -> Path:
+        """A push that was not staged in shared memory (the one kept to rebuild an engine), written there."""
+        try:
+            return shared_memory.write_push(staged.tensors, staged.version)
+        except Exception as error:  # no worker has touched its weights yet: the old version stays
+            raise WeightSyncError(f"push v{staged.version} could not be handed to the TP workers: {error}") from error
+
     def _reload(self, staged: StagedWeights, shared: Path | None) -> None:
-        """Swap the weights on every worker: tensors in hand (in-process worker) or the shared-memory file."""
+        """Swap the weights on every worker: tensors in hand (in-process worker) or the push in shared memory."""
         if shared is None:
             self._engine.collective_rpc(
                 "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)

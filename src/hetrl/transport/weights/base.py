@@ -14,6 +14,7 @@ import abc
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -21,7 +22,16 @@ Bucket = list[tuple[str, torch.Tensor]]
 
 
 class WeightSyncError(RuntimeError):
-    """A push that did not arrive whole; the engine keeps the weights it had."""
+    """A push that did not arrive whole; the engine keeps the weights it had.
+
+    Raised plain, the push was refused after it was read to its end: the transport is in step
+    and the next push can arrive, so the push may simply be sent again.
+    """
+
+
+class WeightStreamBroken(WeightSyncError):
+    """The transport itself failed midway (a timeout, a lost peer, messages out of order): no
+    further push can arrive over it."""
 
 
 def tensor_checksum(tensor: torch.Tensor) -> int:
@@ -123,13 +133,18 @@ class StagedWeights:
     version: int
     tensors: dict[str, torch.Tensor]
     sent: dict[str, TensorMeta] = field(default_factory=dict)  # the sender's metadata, checksums when verifying
+    shared_dir: Path | None = None  # where the tensors are staged in shared memory, if they are (see shared_memory)
 
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def on_host(self) -> "StagedWeights":
-        """This push with its tensors in host memory (the same object's tensors where they already are)."""
+        """This push with its tensors in host memory (the same object's tensors where they already are).
+
+        Tensors staged in shared memory are already there; the copy does not name their directory,
+        which the engine removes once its workers loaded the push.
+        """
         return StagedWeights(self.version, {name: t.cpu() for name, t in self.tensors.items()}, dict(self.sent))
 
     def add(self, bucket: Bucket, metas: list[TensorMeta]) -> None:
@@ -191,8 +206,8 @@ class WeightReceiver(abc.ABC):
     """Engine side: receives one whole push into memory, never into the live model."""
 
     @abc.abstractmethod
-    def receive(self) -> StagedWeights:
-        """Block until the next push is complete; raise :class:`WeightSyncError` if it is not."""
+    def receive(self, version: int | None = None) -> StagedWeights:
+        """Block until the next push (of ``version``, when given) is complete; raise :class:`WeightSyncError` if it is not."""
 
     def close(self) -> None:
         """Release the transport's resources (no-op by default)."""

@@ -26,10 +26,12 @@ from hetrl.transport.weights.base import (
     TensorMeta,
     WeightReceiver,
     WeightSender,
+    WeightStreamBroken,
     WeightSyncError,
     pack_bucket,
     unpack_bucket,
 )
+from hetrl.transport.weights.shared_memory import SharedMemoryPush
 
 BUCKET, END, ABORT = 1, 2, 3
 
@@ -129,17 +131,18 @@ class CollectiveWeightSender(WeightSender):
 class CollectiveWeightReceiver(WeightReceiver):
     """Engine rank: stages every bucket of one push, returns it only once END arrives.
 
-    ``stage_on`` (default: where payloads arrive) is where the staged push is kept: host memory
-    for an engine whose model spans several GPUs, since a whole staged copy would not fit beside
-    the engine's own shard on its first GPU; each bucket then leaves the GPU as it arrives.
+    With ``shared_memory``, each bucket is staged as it arrives in a file of ``/dev/shm`` (see
+    :mod:`hetrl.transport.weights.shared_memory`), for an engine with TP workers of their own: they
+    map the push from there, and a whole staged copy would not fit beside the engine's shard on its
+    first GPU anyway. Otherwise the push stays where its payloads arrive.
     """
 
-    def __init__(self, group: WeightSyncGroup, verify: bool = False, stage_on: torch.device | None = None) -> None:
+    def __init__(self, group: WeightSyncGroup, verify: bool = False, shared_memory: bool = False) -> None:
         if group.rank == 0:
             raise ValueError("rank 0 of the weight-sync group is the trainer's sender, not an engine")
         self.group = group
         self.verify = verify
-        self.stage_on = stage_on
+        self.shared_memory = shared_memory
 
     def _receive_message(self) -> tuple[int, dict, torch.Tensor | None]:
         header = torch.empty(3, dtype=torch.int64)
@@ -156,31 +159,54 @@ class CollectiveWeightReceiver(WeightReceiver):
             broadcast(self.group.data, payload)
         return kind, meta, payload
 
-    def receive(self) -> StagedWeights:
+    def receive(self, version: int | None = None) -> StagedWeights:
+        """The next whole push (of ``version``, when given). One whose content is bad (a tensor sent
+        twice, a bucket its metadata does not describe, a checksum mismatch, no room to stage it) is
+        still read to its END, so that the group stays in step for the next push, and only then
+        refused with :class:`WeightSyncError`."""
         staged: StagedWeights | None = None
-        while True:
-            try:
-                kind, meta, payload = self._receive_message()
-            except RuntimeError as error:  # gloo/NCCL timeouts and lost peers surface as RuntimeError
-                raise WeightSyncError(f"weight push broke off after {len(staged.tensors) if staged else 0} tensors: {error}") from error
-            version = int(meta.get("version", -1))
-            if staged is not None and version != staged.version:
-                raise WeightSyncError(f"push v{staged.version} interleaved with a message of v{version}")
-            if kind == ABORT:
-                raise WeightSyncError(f"the sender voided push v{version} midway (its weight source raised)")
-            if kind == END:
-                staged = staged or StagedWeights(version=version, tensors={})
-                if self.verify:
-                    staged.verify_checksums()
-                return staged
-            if kind != BUCKET:
-                raise WeightSyncError(f"unknown weight-sync message kind {kind}")
-            staged = staged or StagedWeights(version=version, tensors={})
-            metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
-            buffer = self._bucket_buffer(meta, payload)
-            if self.stage_on is not None:
-                buffer = buffer.to(self.stage_on)
-            staged.add(unpack_bucket(metas, buffer), metas)
+        shared: SharedMemoryPush | None = None
+        problem: WeightSyncError | None = None
+        try:
+            while True:
+                kind, meta, payload = self._next_message(staged.version if staged else version, len(staged.tensors) if staged else 0)
+                if kind == ABORT:
+                    raise WeightSyncError(f"the sender voided push v{meta.get('version')} midway (its weight source raised)")
+                staged = staged or StagedWeights(version=int(meta["version"]), tensors={})
+                if kind == END:
+                    break
+                if self.shared_memory and shared is None:
+                    shared = SharedMemoryPush(staged.version)
+                try:
+                    buffer = self._bucket_buffer(meta, payload)
+                    if problem is None:
+                        metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
+                        staged.add(unpack_bucket(metas, shared.add_bucket(metas, buffer) if shared else buffer), metas)
+                except WeightSyncError as error:  # read on to END, staging nothing more
+                    problem = problem or error
+            if problem is not None:
+                raise problem
+            if self.verify:
+                staged.verify_checksums()
+        except BaseException:
+            if shared is not None:
+                shared.remove()
+            raise
+        staged.shared_dir = shared.finish() if shared else None
+        return staged
+
+    def _next_message(self, version: int | None, received: int) -> tuple[int, dict, torch.Tensor | None]:
+        """The next message of push ``version`` (any push when None), ``received`` tensors into it;
+        raise :class:`WeightStreamBroken` if the transport failed or the sender is out of step."""
+        try:
+            kind, meta, payload = self._receive_message()
+        except RuntimeError as error:  # gloo/NCCL timeouts and lost peers surface as RuntimeError
+            raise WeightStreamBroken(f"weight push v{version} broke off after {received} tensors: {error}") from error
+        if kind not in (BUCKET, END, ABORT):
+            raise WeightStreamBroken(f"unknown weight-sync message kind {kind}")
+        if version is not None and int(meta.get("version", -1)) != version:
+            raise WeightStreamBroken(f"expected a message of weight push v{version}, got one of v{meta.get('version')}")
+        return kind, meta, payload
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         """The flat bytes of one bucket (overridden by transports that pass the payload by handle)."""

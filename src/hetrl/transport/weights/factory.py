@@ -69,7 +69,7 @@ def _build(kind: str, side: int, group: WeightSyncGroup | None, root: str | Path
     _check_args(kind, group, root)
     module_name, *class_names = _CLASSES[kind]
     cls = getattr(importlib.import_module(module_name), class_names[side])
-    return cls(root, verify=verify) if kind == "filesystem" else cls(group, verify=verify, **extra)
+    return cls(root, verify=verify, **extra) if kind == "filesystem" else cls(group, verify=verify, **extra)
 
 
 def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightSender:
@@ -78,11 +78,13 @@ def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root
 
 
 def build_weight_receiver(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False,
-                          stage_on: torch.device | None = None) -> WeightReceiver:
+                          shared_memory: bool = False, wait_s: float = 300.0) -> WeightReceiver:
     """The engine-side counterpart of :func:`build_weight_sender`.
 
-    ``stage_on``: where collective/ipc pushes are staged (default: where they arrive); the
-    filesystem transport always stages in host memory.
+    ``shared_memory``: collective/ipc pushes are staged in ``/dev/shm`` files, for engines with TP
+    workers (default: where they arrive); the filesystem transport always stages in host memory.
+    ``wait_s``: how long the filesystem transport waits for a version to be written (collective
+    ones take the group's timeout).
     """
-    extra = {} if kind == "filesystem" else {"stage_on": stage_on}
+    extra = {"wait_s": wait_s} if kind == "filesystem" else {"shared_memory": shared_memory}
     return _build(kind, 1, group, root, verify, **extra)

@@ -5,7 +5,8 @@ Layout under ``root``: one directory per version, ``v00000042/`` with ``bucket_0
 plus a ``LATEST`` file naming the newest complete version. The sender writes a version under a
 temporary name and renames it into place, then replaces ``LATEST`` by rename: a reader sees a
 whole version or none, never a half-written one (rename is atomic on POSIX filesystems, including
-Lustre/GPFS within one directory).
+Lustre/GPFS within one directory). A version sent again (an engine refused it) replaces the one on
+disk the same way; its bytes are the same, so a reader caught between the two reads one of them.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from hetrl.transport.weights.base import Bucket, StagedWeights, TensorMeta, WeightReceiver, WeightSender, WeightSyncError
+from hetrl.transport.weights.base import Bucket, StagedWeights, TensorMeta, WeightReceiver, WeightSender, WeightStreamBroken, WeightSyncError
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -62,8 +64,11 @@ class FilesystemWeightSender(WeightSender):
                     entries.append({"file": file_name, **asdict(TensorMeta.of(name, tensor, self.verify))})
                     num_bytes += tensor.numel() * tensor.element_size()
             (tmp / MANIFEST).write_text(json.dumps({"version": version, "tensors": entries}))
-            shutil.rmtree(final, ignore_errors=True)
+            replaced = final.with_name(f".{final.name}.replaced.{os.getpid()}")
+            if final.exists():  # sent again: move the old copy aside first, a directory rename cannot overwrite
+                os.replace(final, replaced)
             os.replace(tmp, final)
+            shutil.rmtree(replaced, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -81,9 +86,10 @@ class FilesystemWeightSender(WeightSender):
 class FilesystemWeightReceiver(WeightReceiver):
     """Loads the version ``LATEST`` names (or a given one) and checks it against its manifest."""
 
-    def __init__(self, root: str | Path, verify: bool = False) -> None:
+    def __init__(self, root: str | Path, verify: bool = False, wait_s: float = 300.0) -> None:
         self.root = Path(root)
         self.verify = verify
+        self.wait_s = wait_s
 
     def latest_version(self) -> int | None:
         latest = self.root / LATEST
@@ -92,12 +98,18 @@ class FilesystemWeightReceiver(WeightReceiver):
         return int(latest.read_text().strip().removeprefix("v"))
 
     def receive(self, version: int | None = None) -> StagedWeights:
+        """Push ``version`` (waiting up to ``wait_s`` for the sender to write it), or the latest one."""
         from safetensors.torch import load_file
 
         version = self.latest_version() if version is None else version
         if version is None:
             raise WeightSyncError(f"no weight push under {self.root} yet ({LATEST} is missing)")
         directory = version_dir(self.root, version)
+        deadline = time.monotonic() + self.wait_s
+        while not (directory / MANIFEST).exists():  # the sender renames a whole version into place
+            if time.monotonic() > deadline:
+                raise WeightStreamBroken(f"weight push v{version} did not appear under {self.root} within {self.wait_s:.0f} s")
+            time.sleep(0.05)
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
             by_file: dict[str, list[TensorMeta]] = {}

@@ -55,17 +55,21 @@ class IpcWeightSender(CollectiveWeightSender):
 class IpcWeightReceiver(CollectiveWeightReceiver):
     """Engine on the trainer's GPU: maps each bucket by handle and copies it into staging memory."""
 
-    def __init__(self, group: WeightSyncGroup, verify: bool = False, stage_on: torch.device | None = None) -> None:
+    def __init__(self, group: WeightSyncGroup, verify: bool = False, shared_memory: bool = False) -> None:
         _require_cuda(group)
-        super().__init__(group, verify, stage_on)
+        super().__init__(group, verify, shared_memory)
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         if "ipc_handle" not in meta:
             raise WeightSyncError("an 'ipc' receiver got a bucket without an IPC handle: the sender uses another transport")
-        rebuild, args = pickle.loads(base64.b64decode(meta["ipc_handle"]))
-        shared = rebuild(*args)
-        staged = shared.clone()
-        torch.cuda.current_stream().synchronize()
-        del shared
-        _acknowledge(self.group)
+        try:
+            rebuild, args = pickle.loads(base64.b64decode(meta["ipc_handle"]))
+            shared = rebuild(*args)
+            staged = shared.clone()
+            torch.cuda.current_stream().synchronize()
+            del shared
+        except Exception as error:  # the sender still waits for this engine's acknowledgement
+            raise WeightSyncError(f"could not map the bucket's IPC handle: {error}") from error
+        finally:
+            _acknowledge(self.group)
         return staged
