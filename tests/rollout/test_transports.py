@@ -90,22 +90,43 @@ def test_filesystem_push_is_atomic_and_versioned(tmp_path):
     assert receiver.receive().version == 4
 
 
-def test_filesystem_receiver_waits_for_its_version_and_a_resend_replaces_it(tmp_path):
-    """The engine hears of a push before the trainer has written it; a version sent again replaces itself."""
+def test_filesystem_receiver_waits_for_its_send_and_a_resend_replaces_it(tmp_path):
+    """The engine hears of a push before the trainer has written it, and of a resend while the copy it
+    refused is still on disk: it waits for the send it was told of, and a resend replaces the old copy."""
     import threading
 
-    state = _state(3)
+    def send_later(state, **send_args):
+        writer = threading.Timer(0.3, lambda: sender.send(bucketize(state.items(), 200), **send_args))
+        writer.start()
+        return writer
+
+    first, resent = _state(3), _state(4)  # the resend's bytes differ only so that the test can tell the copies apart
     sender = build_weight_sender("filesystem", root=tmp_path)
     receiver = build_weight_receiver("filesystem", root=tmp_path, wait_s=30)
-    writer = threading.Timer(0.3, lambda: sender.send(bucketize(state.items(), 200), version=1))
-    writer.start()
+    writer = send_later(first, version=1)
     staged = receiver.receive(1)
     writer.join()
-    assert staged.version == 1 and all(torch.equal(staged.tensors[n], t) for n, t in state.items())
-    sender.send(bucketize(state.items(), 200), version=1)
-    assert receiver.receive(1).version == 1 and not list(tmp_path.glob(".v*"))
-    with pytest.raises(WeightStreamBroken, match="did not appear"):
-        build_weight_receiver("filesystem", root=tmp_path, wait_s=0.2).receive(2)
+    assert staged.version == 1 and all(torch.equal(staged.tensors[n], t) for n, t in first.items())
+    writer = send_later(resent, version=1, attempt=1)
+    staged = receiver.receive(1, attempt=1)
+    writer.join()
+    assert all(torch.equal(staged.tensors[n], t) for n, t in resent.items()) and not list(tmp_path.glob(".v*"))
+    impatient = build_weight_receiver("filesystem", root=tmp_path, wait_s=0.2)
+    with pytest.raises(WeightStreamBroken, match="send 3 of weight push v1 did not appear"):
+        impatient.receive(1, attempt=2)
+    with pytest.raises(WeightStreamBroken, match="v2 did not appear"):
+        impatient.receive(2)
+
+
+def test_a_new_filesystem_sender_clears_what_the_last_one_left(tmp_path):
+    """After a restart from a checkpoint, version numbers name new weights: a stale v1 must not pass for the new one."""
+    build_weight_sender("filesystem", root=tmp_path).send(bucketize(_state(1).items(), 200), version=1)
+    (tmp_path / "notes.txt").write_text("not ours")
+    build_weight_sender("filesystem", root=tmp_path)
+    receiver = build_weight_receiver("filesystem", root=tmp_path, wait_s=0.2)
+    assert receiver.latest_version() is None and [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    with pytest.raises(WeightStreamBroken, match="v1 did not appear"):
+        receiver.receive(1)
 
 
 def test_gloo_push_roundtrip_with_verify():

@@ -34,8 +34,8 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.loop.batching import advantages_for, check_loop_support, require_room
 from hetrl.loop.work import (
-    EpisodeItem, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, Shutdown, SyncWeights, TrainDone,
-    TrainWork, id_order,
+    EpisodeItem, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
+    TrainDone, TrainWork, id_order,
 )
 from hetrl.monitor import names
 from hetrl.monitor.guards import IDLE
@@ -101,6 +101,7 @@ class Orchestrator:
         self.results: dict[str, list[Sample]] = defaultdict(list)  # purpose -> rewarded samples
         self.purpose_of: dict[str, str] = {}
         self.engine_load = dict.fromkeys(self.engines, 0)
+        self.serving = dict.fromkeys(self.engines, 0)  # the weights version each engine has reported serving
         self.reward_load = dict.fromkeys(self.reward_ranks, 0)
         self.train_done: TrainDone | None = None
         self._training = False  # a step is at the trainer: the push that follows it supersedes any other
@@ -186,6 +187,8 @@ class Orchestrator:
             self.train_done = message
         elif isinstance(message, PushRefused):
             self._on_push_refused(message, source)
+        elif isinstance(message, ServingWeights):
+            self.serving[source] = max(self.serving[source], message.version)
         else:
             raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
 
@@ -215,7 +218,7 @@ class Orchestrator:
             return
         self._push_attempt += 1
         for rank in self.trainer_ranks:
-            send(self.ctx.world, PushWeights(self.version), rank, Tag.WORK)
+            send(self.ctx.world, PushWeights(self.version, self._push_attempt), rank, Tag.WORK)
         self.sync_engines(self.version, self._push_attempt)
 
     def sync_engines(self, version: int, attempt: int = 0) -> None:
@@ -289,9 +292,14 @@ class Orchestrator:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, tasks_with_seeds: list[tuple[Any, int]]) -> tuple[float, dict[str, float]]:
-        """Held-out evaluation (greedy by default): mean reward, and pass@k / mean@k per task."""
+        """Held-out evaluation (greedy by default): mean reward, and pass@k / mean@k per task.
+
+        It scores the current policy: it starts once every engine serves the current version.
+        """
         from hetrl.monitor.eval import eval_metrics
 
+        while min(self.serving.values()) < self.version:  # an engine that refused the push is being sent it again
+            self.pump(timeout_s=600)
         self.dispatch(self.new_groups(tasks_with_seeds, self.cfg.eval.k, "eval"), "eval")
         while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
             self.pump(timeout_s=600)

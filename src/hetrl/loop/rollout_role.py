@@ -32,8 +32,8 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, Shutdown, SyncWeights
-from hetrl.transport.weights import WeightStreamBroken, WeightSyncError
+from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
+from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -119,20 +119,25 @@ class RolloutWorker:
 
     def _sync_weights(self, message: SyncWeights) -> None:
         """Take part in the push, then serve it; a refused push is reported, and the old version served."""
+        staged = None
         try:
-            staged = self.receiver.receive(message.version)
+            staged = self.receiver.receive(message.version, message.attempt)
             if staged.version == self.engine.version:  # sent again for another engine's sake
                 return
             if self.refuse_push.fire():
                 raise WeightSyncError(f"injected fault: push v{staged.version} refused (as if its checksums did not match)")
-            self.engine.load_weights(staged)
+            self.engine.load_weights(staged)  # removes the push's shared-memory copy once read
         except WeightStreamBroken:
             raise
         except WeightSyncError as error:
             self._refused(message, error)
             return
+        finally:
+            if staged is not None and staged.shared_dir is not None:  # a push skipped or refused holds RAM until removed
+                shared_memory.remove_push(staged.shared_dir)
         self.refused_in_a_row = 0
         self.last_push = staged.on_host()  # a GPU copy would hold a second model beside the engine's
+        send(self.ctx.world, ServingWeights(staged.version), self.ctx.orchestrator_rank, Tag.RESULT)
         logger.info("now serving weights v%d", staged.version)
 
     def _refused(self, message: SyncWeights, error: WeightSyncError) -> None:

@@ -111,7 +111,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             if message.version != version:
                 raise RuntimeError(f"orchestrator asked to push v{message.version} again, the trainer holds v{version}")
             with clock.timing("weight_sync"):
-                _push_weights(trainer, cfg, sender, version)
+                _push_weights(trainer, cfg, sender, version, message.attempt)
             continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
@@ -203,7 +203,7 @@ def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
         send(ctx.world, message, ctx.orchestrator_rank, Tag.RESULT)
 
 
-def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int) -> None:
+def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0) -> None:
     """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers)."""
     from hetrl.trainer.exporter import iter_hf_weight_buckets
 
@@ -213,7 +213,7 @@ def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: i
         for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
             pass
     else:
-        sender.send(buckets, version)
+        sender.send(buckets, version, attempt)
 
 
 def _save(trainer: Any, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:

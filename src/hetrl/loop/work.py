@@ -80,7 +80,16 @@ class SyncWeights:
 
 @dataclass
 class PushWeights:
-    """Trainer ranks: push the weights of ``version`` (the ones they hold) once more."""
+    """Trainer ranks: push the weights of ``version`` (the ones they hold) once more, as its
+    ``attempt``-th send (see :class:`SyncWeights`)."""
+
+    version: int
+    attempt: int
+
+
+@dataclass
+class ServingWeights:
+    """Engine -> orchestrator: the engine now serves ``version`` (held-out evaluation waits for it)."""
 
     version: int
 

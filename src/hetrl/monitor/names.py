@@ -113,8 +113,9 @@ STALENESS_MEAN = _spec("staleness/mean", "Mean policy lag (trainer version - old
 STALENESS_MAX = _spec("staleness/max", "Largest policy lag among trained samples.", "versions")
 STALENESS_DROPPED = _spec("staleness/dropped", "Samples dropped this step for exceeding the staleness bound.", "samples")
 WEIGHT_SYNC_REFUSED = _spec(
-    "weight_sync/refused_pushes", "Weight pushes engines refused since the previous step (each was sent again; the engine served "
-    "its old version meanwhile, so its samples may have been dropped as stale).", "pushes")
+    "weight_sync/refused_pushes", "Weight pushes refused since the previous step, counted per engine and refusal (one resend "
+    "answers every engine's refusal of a send, and none follows one superseded by a newer step's push); the engine served its "
+    "old version meanwhile, so its samples may have been dropped as stale.", "pushes")
 DYNAMIC_SAMPLING_DROPPED = _spec("dynamic_sampling/dropped_groups", "Groups dropped this step by DAPO dynamic sampling (all rewards equal) and refilled.", "groups")
 
 # --- throughput and time ---

@@ -192,9 +192,11 @@ class WeightSender(abc.ABC):
     """Trainer side (rank 0): pushes one version to every engine."""
 
     @abc.abstractmethod
-    def send(self, buckets: Iterable[Bucket], version: int) -> int:
+    def send(self, buckets: Iterable[Bucket], version: int, attempt: int = 0) -> int:
         """Stream ``buckets`` as push ``version``; return the bytes sent.
 
+        ``attempt`` counts the sends of one version (0 first, 1 and up when an engine refused it);
+        a transport whose receivers cannot tell sends apart by their order records it.
         If ``buckets`` raises midway, tell the receivers the push is void, then re-raise.
         """
 
@@ -206,8 +208,9 @@ class WeightReceiver(abc.ABC):
     """Engine side: receives one whole push into memory, never into the live model."""
 
     @abc.abstractmethod
-    def receive(self, version: int | None = None) -> StagedWeights:
-        """Block until the next push (of ``version``, when given) is complete; raise :class:`WeightSyncError` if it is not."""
+    def receive(self, version: int | None = None, attempt: int = 0) -> StagedWeights:
+        """Block until the next push (of ``version``, its ``attempt``-th send or a later one, when
+        given) is complete; raise :class:`WeightSyncError` if it is not."""
 
     def close(self) -> None:
         """Release the transport's resources (no-op by default)."""

@@ -106,7 +106,8 @@ class CollectiveWeightSender(WeightSender):
         self.group = group
         self.verify = verify
 
-    def send(self, buckets: Iterable[Bucket], version: int) -> int:
+    def send(self, buckets: Iterable[Bucket], version: int, attempt: int = 0) -> int:
+        """The group's message order tells sends apart: ``attempt`` is not sent."""
         num_bytes = 0
         iterator = iter(buckets)
         while True:
@@ -159,11 +160,12 @@ class CollectiveWeightReceiver(WeightReceiver):
             broadcast(self.group.data, payload)
         return kind, meta, payload
 
-    def receive(self, version: int | None = None) -> StagedWeights:
-        """The next whole push (of ``version``, when given). One whose content is bad (a tensor sent
-        twice, a bucket its metadata does not describe, a checksum mismatch, no room to stage it) is
-        still read to its END, so that the group stays in step for the next push, and only then
-        refused with :class:`WeightSyncError`."""
+    def receive(self, version: int | None = None, attempt: int = 0) -> StagedWeights:
+        """The next whole push (of ``version``, when given; the group's order makes it the
+        ``attempt`` asked for). One whose content is bad (a tensor sent twice, a bucket its metadata
+        does not describe, a checksum mismatch, no room to stage it) is still read to its END, so
+        that the group stays in step for the next push, and only then refused with
+        :class:`WeightSyncError`."""
         staged: StagedWeights | None = None
         shared: SharedMemoryPush | None = None
         problem: WeightSyncError | None = None
@@ -175,24 +177,26 @@ class CollectiveWeightReceiver(WeightReceiver):
                 staged = staged or StagedWeights(version=int(meta["version"]), tensors={})
                 if kind == END:
                     break
-                if self.shared_memory and shared is None:
-                    shared = SharedMemoryPush(staged.version)
                 try:
                     buffer = self._bucket_buffer(meta, payload)
+                    if self.shared_memory and shared is None and problem is None:
+                        shared = SharedMemoryPush(staged.version)
                     if problem is None:
                         metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
                         staged.add(unpack_bucket(metas, shared.add_bucket(metas, buffer) if shared else buffer), metas)
+                except WeightStreamBroken:
+                    raise
                 except WeightSyncError as error:  # read on to END, staging nothing more
                     problem = problem or error
             if problem is not None:
                 raise problem
             if self.verify:
                 staged.verify_checksums()
+            staged.shared_dir = shared.finish() if shared else None
         except BaseException:
             if shared is not None:
                 shared.remove()
             raise
-        staged.shared_dir = shared.finish() if shared else None
         return staged
 
     def _next_message(self, version: int | None, received: int) -> tuple[int, dict, torch.Tensor | None]:

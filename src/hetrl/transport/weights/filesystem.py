@@ -6,7 +6,14 @@ plus a ``LATEST`` file naming the newest complete version. The sender writes a v
 temporary name and renames it into place, then replaces ``LATEST`` by rename: a reader sees a
 whole version or none, never a half-written one (rename is atomic on POSIX filesystems, including
 Lustre/GPFS within one directory). A version sent again (an engine refused it) replaces the one on
-disk the same way; its bytes are the same, so a reader caught between the two reads one of them.
+disk the same way, and its manifest carries the send's ``attempt``: an engine asked for attempt 1
+waits for it instead of reading the copy it refused. An engine still reading the old copy when it
+is replaced fails that read and refuses the push, which is then sent once more: the bytes are the
+same, so nothing wrong is ever served.
+
+A new sender clears what an earlier one left under ``root``: after a restart from a checkpoint,
+version numbers are reused for new weights, and an engine must not take a stale directory of the
+same number for the push it waits for.
 """
 
 from __future__ import annotations
@@ -45,8 +52,11 @@ class FilesystemWeightSender(WeightSender):
         self.root.mkdir(parents=True, exist_ok=True)
         self.verify = verify
         self.keep = keep
+        for stale in self.root.glob("v" + "[0-9]" * 8):
+            shutil.rmtree(stale, ignore_errors=True)
+        (self.root / LATEST).unlink(missing_ok=True)
 
-    def send(self, buckets: Iterable[Bucket], version: int) -> int:
+    def send(self, buckets: Iterable[Bucket], version: int, attempt: int = 0) -> int:
         from safetensors.torch import save_file
 
         final = version_dir(self.root, version)
@@ -63,7 +73,7 @@ class FilesystemWeightSender(WeightSender):
                 for name, tensor in bucket:
                     entries.append({"file": file_name, **asdict(TensorMeta.of(name, tensor, self.verify))})
                     num_bytes += tensor.numel() * tensor.element_size()
-            (tmp / MANIFEST).write_text(json.dumps({"version": version, "tensors": entries}))
+            (tmp / MANIFEST).write_text(json.dumps({"version": version, "attempt": attempt, "tensors": entries}))
             replaced = final.with_name(f".{final.name}.replaced.{os.getpid()}")
             if final.exists():  # sent again: move the old copy aside first, a directory rename cannot overwrite
                 os.replace(final, replaced)
@@ -91,27 +101,40 @@ class FilesystemWeightReceiver(WeightReceiver):
         self.verify = verify
         self.wait_s = wait_s
 
+    def _wait_for_manifest(self, directory: Path, version: int, attempt: int) -> dict:
+        """The manifest of ``directory`` once it holds send ``attempt`` (or a later one) of ``version``."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:  # the sender renames a whole version into place; a resend moves the old one aside first
+                manifest = json.loads((directory / MANIFEST).read_text())
+                if int(manifest.get("attempt", 0)) >= attempt:
+                    return manifest
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError) as error:
+                raise WeightSyncError(f"weight push v{version} under {directory} has an unreadable manifest: {error}") from error
+            if time.monotonic() > deadline:
+                raise WeightStreamBroken(f"send {attempt + 1} of weight push v{version} did not appear under {self.root} "
+                                         f"within {self.wait_s:.0f} s")
+            time.sleep(0.05)
+
     def latest_version(self) -> int | None:
         latest = self.root / LATEST
         if not latest.exists():
             return None
         return int(latest.read_text().strip().removeprefix("v"))
 
-    def receive(self, version: int | None = None) -> StagedWeights:
-        """Push ``version`` (waiting up to ``wait_s`` for the sender to write it), or the latest one."""
+    def receive(self, version: int | None = None, attempt: int = 0) -> StagedWeights:
+        """Push ``version``, its ``attempt``-th send or a later one (waiting up to ``wait_s`` for the
+        sender to write it), or the latest push."""
         from safetensors.torch import load_file
 
         version = self.latest_version() if version is None else version
         if version is None:
             raise WeightSyncError(f"no weight push under {self.root} yet ({LATEST} is missing)")
         directory = version_dir(self.root, version)
-        deadline = time.monotonic() + self.wait_s
-        while not (directory / MANIFEST).exists():  # the sender renames a whole version into place
-            if time.monotonic() > deadline:
-                raise WeightStreamBroken(f"weight push v{version} did not appear under {self.root} within {self.wait_s:.0f} s")
-            time.sleep(0.05)
+        manifest = self._wait_for_manifest(directory, version, attempt)
         try:
-            manifest = json.loads((directory / MANIFEST).read_text())
             by_file: dict[str, list[TensorMeta]] = {}
             for entry in manifest["tensors"]:
                 meta = TensorMeta(entry["name"], tuple(entry["shape"]), entry["dtype"], entry["checksum"])

@@ -15,7 +15,7 @@ from dataclasses import asdict
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
-from hetrl.transport.weights.base import Bucket, WeightSyncError, pack_bucket
+from hetrl.transport.weights.base import Bucket, WeightStreamBroken, WeightSyncError, pack_bucket
 from hetrl.transport.weights.collective import (
     BUCKET,
     CollectiveWeightReceiver,
@@ -61,7 +61,8 @@ class IpcWeightReceiver(CollectiveWeightReceiver):
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         if "ipc_handle" not in meta:
-            raise WeightSyncError("an 'ipc' receiver got a bucket without an IPC handle: the sender uses another transport")
+            raise WeightStreamBroken("an 'ipc' receiver got a bucket without an IPC handle: the sender uses another transport")
+        failure: Exception | None = None
         try:
             rebuild, args = pickle.loads(base64.b64decode(meta["ipc_handle"]))
             shared = rebuild(*args)
@@ -69,7 +70,11 @@ class IpcWeightReceiver(CollectiveWeightReceiver):
             torch.cuda.current_stream().synchronize()
             del shared
         except Exception as error:  # the sender still waits for this engine's acknowledgement
-            raise WeightSyncError(f"could not map the bucket's IPC handle: {error}") from error
-        finally:
+            failure = error
+        try:
             _acknowledge(self.group)
+        except RuntimeError as error:  # gloo timeouts and lost peers
+            raise WeightStreamBroken(f"could not acknowledge an IPC bucket to the sender: {error}") from error
+        if failure is not None:
+            raise WeightSyncError(f"could not map the bucket's IPC handle: {failure}") from failure
         return staged

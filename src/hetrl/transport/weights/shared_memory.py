@@ -41,7 +41,10 @@ class SharedMemoryPush:
 
     def __init__(self, version: int) -> None:
         self.version = version
-        self.path = Path(tempfile.mkdtemp(prefix=f"{PUSH_PREFIX}{os.getpid()}-v{version}-", dir=shared_memory_dir()))
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=f"{PUSH_PREFIX}{os.getpid()}-v{version}-", dir=shared_memory_dir()))
+        except OSError as error:
+            raise WeightSyncError(f"could not stage weight push v{version} in {shared_memory_dir()}: {error}") from error
         self._entries: list[dict] = []
         self._files = 0
 
@@ -60,8 +63,11 @@ class SharedMemoryPush:
     def finish(self) -> Path:
         """Write the manifest, which makes the push complete; return its directory."""
         tmp = self.path / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps({"version": self.version, "tensors": self._entries}))
-        os.replace(tmp, self.path / MANIFEST)
+        try:
+            tmp.write_text(json.dumps({"version": self.version, "tensors": self._entries}))
+            os.replace(tmp, self.path / MANIFEST)
+        except OSError as error:
+            raise WeightSyncError(f"could not finish weight push v{self.version} in {self.path}: {error}") from error
         return self.path
 
     def remove(self) -> None:
@@ -74,7 +80,10 @@ def _new_mapped_file(path: Path, num_bytes: int) -> torch.Tensor:
     A sparse tmpfs file that runs out of room kills the process with SIGBUS when a page is first
     touched; ``posix_fallocate`` fails with ENOSPC instead, which refuses the push.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as error:
+        raise WeightSyncError(f"could not create {path} for a weight push: {error}") from error
     try:
         if num_bytes:
             os.posix_fallocate(fd, 0, num_bytes)
@@ -130,10 +139,7 @@ def sweep_stale_pushes() -> int:
     for path in shared_memory_dir().glob(f"{PUSH_PREFIX}*-v*"):
         pid = path.name.removeprefix(PUSH_PREFIX).split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:  # a push file of the earlier one-file layout
-                path.unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed
 
