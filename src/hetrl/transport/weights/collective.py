@@ -179,9 +179,9 @@ class CollectiveWeightReceiver(WeightReceiver):
                     break
                 try:
                     buffer = self._bucket_buffer(meta, payload)
-                    if self.shared_memory and shared is None and problem is None:
-                        shared = SharedMemoryPush(staged.version)
                     if problem is None:
+                        if self.shared_memory and shared is None:
+                            shared = SharedMemoryPush(staged.version)
                         metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
                         staged.add(unpack_bucket(metas, shared.add_bucket(metas, buffer) if shared else buffer), metas)
                 except WeightStreamBroken:

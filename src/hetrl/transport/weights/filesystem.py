@@ -30,6 +30,7 @@ from hetrl.transport.weights.base import Bucket, StagedWeights, TensorMeta, Weig
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
+VERSION_GLOB = "v" + "[0-9]" * 8  # the names version_dir gives
 
 
 def version_dir(root: Path, version: int) -> Path:
@@ -52,7 +53,7 @@ class FilesystemWeightSender(WeightSender):
         self.root.mkdir(parents=True, exist_ok=True)
         self.verify = verify
         self.keep = keep
-        for stale in self.root.glob("v" + "[0-9]" * 8):
+        for stale in self.root.glob(VERSION_GLOB):
             shutil.rmtree(stale, ignore_errors=True)
         (self.root / LATEST).unlink(missing_ok=True)
 
@@ -87,7 +88,7 @@ class FilesystemWeightSender(WeightSender):
         return num_bytes
 
     def _prune(self, newest: int) -> None:
-        versions = sorted(p for p in self.root.glob("v*") if p.is_dir())
+        versions = sorted(self.root.glob(VERSION_GLOB))
         for old in versions[: -self.keep]:
             if old.name != version_dir(self.root, newest).name:
                 shutil.rmtree(old, ignore_errors=True)
