@@ -10,9 +10,14 @@ the pool does that too after a failed job so the next one starts clean.
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
+import shutil
+import signal
 import socket
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +31,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> None:
+def _worker(rank: int, world_size: int, port: int, stacks_path: str, jobs: Any, results: Any) -> None:
+    import faulthandler
+
+    # On a timeout the parent asks for every thread's stack before it kills the world (SIGUSR1).
+    faulthandler.register(signal.SIGUSR1, file=open(stacks_path, "w"), all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     import warnings
@@ -50,6 +59,7 @@ def _worker(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> N
             from hetrl.trainer.parallel import destroy_parallel
 
             destroy_parallel()
+        gc.collect()  # a job's trainer sits in reference cycles; free its groups' threads and sockets now
     dist.destroy_process_group()
 
 
@@ -66,7 +76,9 @@ class RankPool:
         self._jobs = [ctx.SimpleQueue() for _ in range(world_size)]
         self._results = ctx.Queue()
         port = _free_port()
-        self._procs = [ctx.Process(target=_worker, args=(r, world_size, port, self._jobs[r], self._results), daemon=True)
+        self._stacks_dir = tempfile.mkdtemp(prefix="rank_pool_stacks_")
+        self._procs = [ctx.Process(target=_worker, daemon=True,
+                                   args=(r, world_size, port, self._stack_file(r), self._jobs[r], self._results))
                        for r in range(world_size)]
         for proc in self._procs:
             proc.start()
@@ -82,9 +94,10 @@ class RankPool:
                 rank, ok, value = self._results.get(timeout=timeout_s)
             except queue.Empty:
                 # A rank that failed leaves its peers blocked in a collective: start a fresh world.
+                errors.append(f"timed out after {timeout_s:.0f} s waiting for the other ranks; their stacks:\n"
+                              + self._stacks())
                 self._kill()
                 self._start()
-                errors.append(f"timed out after {timeout_s:.0f} s waiting for the other ranks")
                 break
             if ok:
                 out[rank] = value
@@ -94,11 +107,27 @@ class RankPool:
             raise RuntimeError("job failed on " + "\n".join(errors))
         return [out[r] for r in range(self.world_size)]
 
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self._stacks_dir, f"rank{rank}.txt")
+
+    def _stacks(self) -> str:
+        """Every live rank's thread stacks, dumped by faulthandler on SIGUSR1."""
+        for proc in self._procs:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)  # faulthandler writes from the signal handler; give it the moment it needs
+        dumps = []
+        for rank, proc in enumerate(self._procs):
+            with open(self._stack_file(rank)) as stacks:
+                dumps.append(f"--- rank {rank} ({'alive' if proc.is_alive() else f'exit {proc.exitcode}'}) ---\n{stacks.read()}")
+        return "\n".join(dumps)
+
     def _kill(self) -> None:
         for proc in self._procs:
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=10)
+        shutil.rmtree(self._stacks_dir, ignore_errors=True)
 
     def close(self) -> None:
         for jobs in self._jobs:

@@ -145,3 +145,29 @@ def test_reset_optimizer_starts_a_new_stage(two_ranks) -> None:
     assert result["before"] == pytest.approx([5e-4, 1e-3, 5e-4])
     assert result["fresh_state"] == 0  # no Adam moments carried over
     assert result["after"] == pytest.approx([5e-4, 1e-3])  # the warmup runs again
+
+
+def _threads_after_layouts(rank: int, world_size: int) -> list[int]:
+    """This rank's thread count after each of four CP=2, EP=2 trainers is built and torn down."""
+    import gc
+    import os
+
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+
+    tcfg = TrainerConfig(precision="fp32", context_parallel=2, expert_parallel=2, micro_batch_size=2)
+    counts = []
+    for _ in range(4):
+        trainer = PolicyTrainer(MOE, tcfg, ALGO, max_len=16)
+        destroy_parallel()
+        del trainer
+        gc.collect()
+        counts.append(len(os.listdir("/proc/self/task")))
+    return counts
+
+
+def test_destroy_parallel_frees_megatron_groups(two_ranks) -> None:
+    """Each gloo group megatron builds owns threads and sockets; a torn-down layout must free them
+    (they piled up to thousands of threads over the test session and stalled gloo)."""
+    for counts in two_ranks.run(_threads_after_layouts):
+        assert counts[-1] - counts[1] <= 2, counts

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -147,9 +148,32 @@ def init_parallel(cfg: TrainerConfig, *, timeout_minutes: int = 30) -> ParallelG
 
 
 def destroy_parallel(*, destroy_world: bool = False) -> None:
-    """Tear down megatron's groups (and the world when asked), e.g. between tests."""
+    """Tear down megatron's groups (and the world when asked), e.g. between tests.
+
+    megatron's ``destroy_model_parallel`` only forgets its groups; torch keeps them, each gloo group
+    with its own threads and sockets. A process that builds one layout after another (the test
+    rank pool) grew by ~15 groups and ~45 threads per layout until gloo slowed to a crawl, so the
+    groups are destroyed here too.
+    """
     from megatron.core import parallel_state as ps
 
+    for group in _megatron_groups(ps):
+        dist.destroy_process_group(group)
     ps.destroy_model_parallel()
     if destroy_world and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _megatron_groups(parallel_state: Any) -> list[dist.ProcessGroup]:
+    """Every process group held by megatron's ``parallel_state`` globals (singly, or in lists/dicts)."""
+    found: dict[int, dist.ProcessGroup] = {}
+    pending = [value for name, value in vars(parallel_state).items() if name.isupper() or name.lstrip("_").isupper()]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dist.ProcessGroup) and value is not dist.group.WORLD:
+            found[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+    return list(found.values())
