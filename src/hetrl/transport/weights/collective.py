@@ -107,23 +107,28 @@ class CollectiveWeightSender(WeightSender):
         self.verify = verify
 
     def send(self, buckets: Iterable[Bucket], version: int, attempt: int = 0) -> int:
-        """The group's message order tells sends apart: ``attempt`` is not sent."""
+        """The group's message order tells sends apart: ``attempt`` is not sent.
+
+        A source that raises, or a bucket that cannot be packed, voids the push (ABORT) so that
+        the engines stop waiting for it.
+        """
         num_bytes = 0
         iterator = iter(buckets)
         while True:
             try:
                 bucket = next(iterator, None)
+                packed = None if bucket is None else pack_bucket(bucket, with_checksum=self.verify)
             except BaseException:
                 send_message(self.group, ABORT, {"version": version})
                 raise
-            if bucket is None:
+            if packed is None:
                 break
-            num_bytes += self._send_bucket(bucket, version)
+            num_bytes += self._send_bucket(*packed, version)
         send_message(self.group, END, {"version": version})
         return num_bytes
 
-    def _send_bucket(self, bucket: Bucket, version: int) -> int:
-        metas, payload = pack_bucket(bucket, with_checksum=self.verify)
+    def _send_bucket(self, metas: list[TensorMeta], payload: torch.Tensor, version: int) -> int:
+        """Send one packed bucket; the number of payload bytes."""
         meta = {"version": version, "tensors": [asdict(m) for m in metas]}
         send_message(self.group, BUCKET, meta, payload.to(self.group.device))
         return payload.numel()

@@ -15,7 +15,7 @@ from dataclasses import asdict
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
-from hetrl.transport.weights.base import Bucket, WeightStreamBroken, WeightSyncError, pack_bucket
+from hetrl.transport.weights.base import TensorMeta, WeightStreamBroken, WeightSyncError
 from hetrl.transport.weights.collective import (
     BUCKET,
     CollectiveWeightReceiver,
@@ -42,8 +42,7 @@ class IpcWeightSender(CollectiveWeightSender):
         _require_cuda(group)
         super().__init__(group, verify)
 
-    def _send_bucket(self, bucket: Bucket, version: int) -> int:
-        metas, payload = pack_bucket(bucket, with_checksum=self.verify)
+    def _send_bucket(self, metas: list[TensorMeta], payload: torch.Tensor, version: int) -> int:
         payload = payload.to(self.group.device)
         handle = base64.b64encode(pickle.dumps(reduce_tensor(payload))).decode()
         meta = {"version": version, "tensors": [asdict(m) for m in metas], "ipc_handle": handle}
