@@ -146,7 +146,7 @@ def _source_that_raises():
 
 
 def _bucket_that_cannot_be_packed():
-    yield list(_state(6).items())[:3]  # its payload is still on the wire while the next is packed
+    yield list(_state(6).items())[:3]  # sent whole before the next bucket fails to pack
     yield [("not.a.tensor", [1.0, 2.0])]
 
 

@@ -167,7 +167,7 @@ def destroy_parallel(*, destroy_world: bool = False) -> None:
 def _megatron_groups(parallel_state: Any) -> list[dist.ProcessGroup]:
     """Every process group held by megatron's ``parallel_state`` globals (singly, or in lists/dicts)."""
     found: dict[int, dist.ProcessGroup] = {}
-    pending = [value for name, value in vars(parallel_state).items() if name.isupper() or name.lstrip("_").isupper()]
+    pending = [value for name, value in vars(parallel_state).items() if name.isupper()]  # _TENSOR_MODEL_PARALLEL_GROUP, ...
     while pending:
         value = pending.pop()
         if isinstance(value, dist.ProcessGroup) and value is not dist.group.WORLD:
