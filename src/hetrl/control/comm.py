@@ -1,9 +1,17 @@
 """The mpi4py control plane: one MPI world across every role, split into role communicators.
 
-Small control messages (work items, results, heartbeats) travel here as pickled objects; bulk
-tensors (weights, batches) go over torch.distributed. Receives never block inside MPI: MPICH's
-blocking receive spins a core at 100%, which on a 2-core machine starves the trainer. We probe,
-and sleep with a short back-off while nothing has arrived.
+Control messages (work items, results, batches of samples) travel here as pickled objects; weights
+go over torch.distributed. No call here blocks inside MPI, for two reasons:
+
+* MPICH's blocking receive spins a core at 100%, which on a 2-core machine starves the trainer.
+  We probe, and sleep with a short back-off while nothing has arrived.
+* Some messages complete only while their *sender* makes MPI progress (seen with MPICH 5.0 over
+  shared memory for 7.8-8.17 KB messages; any MPI may do it for large ones). A blocking receive
+  of one waits on whatever its sender does next: a trainer that sent its 8 KB step result and then
+  entered a weight push (a gloo collective) left the orchestrator blocked in ``MPI_Mrecv``, unable
+  to tell the engines to join that push: a deadlock (issue 14). Matched messages are therefore received
+  with non-blocking requests that later polls complete, and a rank about to enter a collective
+  first completes its own sends (:func:`flush_sends`).
 """
 
 from __future__ import annotations
@@ -92,7 +100,11 @@ def _progress_sends() -> None:
 
 
 def flush_sends(timeout_s: float = 300.0) -> None:
-    """Wait (sleeping) until every message this process sent was received; call before exiting."""
+    """Wait (sleeping) until every message this process sent was received.
+
+    Call it before exiting, and before entering a collective or any wait that makes no MPI
+    progress: a large message still in flight would hold its receiver until that wait ends.
+    """
     deadline = time.monotonic() + timeout_s
     delay = _POLL_MIN_S
     while _outbox:
@@ -103,18 +115,43 @@ def flush_sends(timeout_s: float = 300.0) -> None:
         delay = min(delay * 2, _POLL_MAX_S)
 
 
+@dataclass
+class _Incoming:
+    """A matched message being received (a large one completes as its sender makes progress)."""
+
+    comm: Any
+    request: Any
+    source: int
+    tag: int
+
+
+# Receives in flight, oldest first. From one sender, messages of one tag are delivered in the order
+# sent: a later one is never returned while an earlier one is still arriving.
+_inbox: list[_Incoming] = []
+
+
 def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[Any, int, int] | None:
-    """Return ``(obj, source, tag)`` if a matching message is waiting, else None. Never blocks."""
+    """Return ``(obj, source, tag)`` if a matching message has arrived whole, else None. Never blocks."""
     from mpi4py import MPI
 
     _progress_sends()
-    status = MPI.Status()
     src = MPI.ANY_SOURCE if source is None else source
     tg = MPI.ANY_TAG if tag is None else int(tag)
-    if not comm.Iprobe(source=src, tag=tg, status=status):
-        return None
-    obj = comm.recv(source=status.Get_source(), tag=status.Get_tag())
-    return obj, status.Get_source(), status.Get_tag()
+    status = MPI.Status()
+    while (message := comm.improbe(source=src, tag=tg, status=status)) is not None:
+        _inbox.append(_Incoming(comm, message.irecv(), status.Get_source(), status.Get_tag()))
+    still_arriving: set[tuple[int, int]] = set()
+    for item in _inbox:
+        if item.comm != comm or (source is not None and item.source != source) or (tag is not None and item.tag != int(tag)):
+            continue
+        if (item.source, item.tag) in still_arriving:
+            continue
+        done, obj = item.request.test()
+        if done:
+            _inbox.remove(item)
+            return obj, item.source, item.tag
+        still_arriving.add((item.source, item.tag))
+    return None
 
 
 def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s: float | None = None) -> tuple[Any, int, int]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.control.comm import RoleContext, Tag, flush_sends, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
@@ -120,6 +120,7 @@ class RolloutWorker:
     def _sync_weights(self, message: SyncWeights) -> None:
         """Take part in the push, then serve it; a refused push is reported, and the old version served."""
         staged = None
+        flush_sends()  # the push makes no MPI progress: samples sent to the orchestrator must not wait on it
         try:
             staged = self.receiver.receive(message.version, message.attempt)
             if staged.version == self.engine.version:  # sent again for another engine's sake

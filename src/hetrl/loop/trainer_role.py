@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import Checkpoint, CheckpointDone, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
@@ -198,9 +198,15 @@ def _train_on(trainer: Any, work: TrainWork, num_minibatches: int) -> tuple[dict
 
 
 def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
-    """Trainer rank 0 (the weight sender) answers for all trainer ranks."""
+    """Trainer rank 0 (the weight sender) answers for all trainer ranks.
+
+    The answer is delivered before the trainer goes on: a weight push follows most answers, and
+    the orchestrator tells the engines to join it only once it has the answer whole (a large one
+    completes only while the trainer makes MPI progress, which a gloo collective does not).
+    """
     if sender is not None:
         send(ctx.world, message, ctx.orchestrator_rank, Tag.RESULT)
+        flush_sends()
 
 
 def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0) -> None:
