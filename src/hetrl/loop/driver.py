@@ -109,10 +109,10 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     look_ahead = {"sync": 0, "one_step_off": 1, "async": schedule.max_staleness}[schedule.type]
     target = cfg.run.prompts_per_step * (1 + look_ahead)
     with monitor.timer(step, "generate"):
+        # Groups left over from the last step are generating already; with a look-ahead they go on
+        # generating while this step trains (the batch counts against the target until trained).
         orch.top_up(target)
         batch, dropped_stale, dropped_uninformative = orch.collect_batch(max_lag, target)
-    if look_ahead:
-        orch.top_up(target)  # the next step's generation overlaps this step's training
     batch.sort(key=lambda group: id_order(group[0].sample_id))  # completion order varies; training must not
     samples = [s for g in batch for s in g]
     generated = sum(sum(s.loss_mask) for s in samples)

@@ -384,7 +384,7 @@ class Orchestrator:
             self._open_tasks.pop(group[0].group_id, None)
             for s in group:
                 self._reward_s.pop(s.sample_id, None)
-            self.top_up(target_groups + len(batch))
+            self.top_up(target_groups - len(batch))  # the batch so far counts against the target
         return batch, dropped_stale, dropped_equal
 
     # ------------------------------------------------------------------ checkpoint state
