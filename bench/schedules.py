@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
+RUN_TIMEOUT_S = 900  # a run takes ~1 min; the liveness watchdog ends a hung one sooner (tiny_grpo: 120 s)
 WORKLOAD = [
     f"run.steps={STEPS}", "warm_start.steps=0", "eval.num_tasks=4", "run.prompts_per_step=8", "algorithm.group_size=8",
     "rollout.placement=disaggregated", "rollout.max_tokens=96", "env.max_episode_tokens=200", "rollout.partial_rollout=true",
@@ -36,7 +37,11 @@ SCHEDULES = {
 def run(schedule: str, out: Path) -> list[dict]:
     cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}",
            *WORKLOAD, *SCHEDULES[schedule]]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{schedule} run did not finish within {RUN_TIMEOUT_S} s; see {out / schedule}") from None
     if proc.returncode != 0:
         raise SystemExit(f"{schedule} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return [json.loads(line) for line in (out / schedule / "metrics.jsonl").read_text().splitlines()]

@@ -161,6 +161,7 @@ def test_container_wraps_each_component(tmp_path: Path) -> None:
     plan = make_plan(cfg)
     text = render_sbatch(plan, cfg.cluster, str(tmp_path))
     assert "CONTAINER_IMAGE='/images/hetrl 1.sif'" in text
+    assert 'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" --bind /data --bind /ckpt:/ckpt:ro "$CONTAINER_IMAGE" python)' in text
     _, _, srun = parse_script(text)
     for command, component in zip(het_commands(srun), plan.components):
         start = command.index("apptainer")
@@ -200,6 +201,11 @@ FAKE_SRUN = textwrap.dedent("""\
     if mode == "wait":
         open(out + ".ready", "w").close()
         time.sleep(60)
+    if mode in ("hung", "hung_again"):  # what the watchdog leaves when it killed a hung step
+        os.makedirs("hang", exist_ok=True)
+        if mode == "hung":
+            open("hang/requeue", "w").close()
+        sys.exit(137)
     sys.exit({{"ok": 0, "requeue": {requeue}, "crash": 1}}.get(mode, 0))
     """)
 FAKE_SCONTROL = '#!/bin/sh\necho "$@" >> "$FAKE_RECORD.scontrol"\n'
@@ -255,6 +261,18 @@ def test_requeue_only_on_the_requeue_exit_code(mode: str, requeued: bool, tmp_pa
     assert done.returncode == {"ok": 0, "requeue": REQUEUE_EXIT_CODE, "crash": 1}[mode]
     scontrol = Path(fake_slurm["FAKE_RECORD"] + ".scontrol")
     assert (scontrol.read_text() == "requeue 4242\n") if requeued else not scontrol.exists()
+
+
+@pytest.mark.parametrize(("mode", "requeued"), [("hung", True), ("hung_again", False)])
+def test_a_hung_step_requeues_while_restarts_are_left(mode: str, requeued: bool, tmp_path: Path, fake_slurm: dict[str, str]) -> None:
+    """The watchdog killed the step; it left hang/requeue only if monitor.hang_restarts allows one more."""
+    run_dir, script = _prepared_run_dir(tmp_path, "run")
+    assert '"${BATCH_PYTHON[@]}" -m hetrl.launch.watchdog --run-dir "$RUN_DIR" --step-pid "$SRUN_PID" &' in script.read_text()
+    done = subprocess.run(["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": mode}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 137
+    scontrol = Path(fake_slurm["FAKE_RECORD"] + ".scontrol")
+    assert (scontrol.read_text() == "requeue 4242\n") if requeued else not scontrol.exists()
+    assert ("the job hung" in done.stdout) == requeued and not (run_dir / "hang" / "requeue").exists()
 
 
 def test_usr1_to_the_batch_shell_reaches_the_ranks_and_requeues(tmp_path: Path, fake_slurm: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,3 +168,29 @@ def test_preempted_job_checkpoints_requeues_and_resumes(runs_root: Path) -> None
     assert f"hetrl: ranks checkpointed; requeueing job {job_id}" in text and f"hetrl: job {job_id} (restart 1)" in text
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trained_samples"] > 3 * 64
+
+
+def test_hung_job_is_killed_named_requeued_and_resumes(runs_root: Path) -> None:
+    """A reward rank frozen (SIGSTOP) mid-RL: the watchdog beside srun names it, saves the other
+    ranks' stacks, kills the step, and the script requeues the job, which resumes from its last
+    checkpoint and completes. A second hang would exceed monitor.hang_restarts=1 and not requeue."""
+    run_dir = submit(runs_root, "hung", *SHORT[1:], "run.steps=12", "checkpoint.every=1", "monitor.hang_timeout_s=45",
+                     "monitor.hang_restarts=1")
+    job_id = slurm.job_id_of(run_dir)
+    deadline = time.monotonic() + JOB_TIMEOUT_S  # freeze at once: the 12 RL steps take ~30 s
+    while "serving weights v4" not in _text(run_dir / "logs" / "rollout_0.log"):
+        assert time.monotonic() < deadline, "timed out waiting for the first RL step"
+        time.sleep(0.1)
+    reward = json.loads((run_dir / "hang" / "beats" / "rank_4.json").read_text())
+    assert reward["role"] == "reward", reward
+    os.kill(reward["pid"], signal.SIGSTOP)
+    wait_for(lambda: slurm.status(run_dir).restarts >= 1, 45 + 180, "the watchdog's requeue")
+    final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=2)
+    text = slurm.logs(run_dir, tail_lines=None)
+    assert final.state == "COMPLETED" and final.restarts == 1, text
+    report = (run_dir / "hang" / "report.txt").read_text()
+    assert f"reward[0] (world rank 4, pid {reward['pid']}" in report and "stopped answering" in report, report
+    assert "[hetrl] HANG" in text and f"the job hung (see {run_dir}/hang/report.txt); requeueing job {job_id}" in text
+    assert (run_dir / "hang" / "stacks" / "orchestrator_0.txt").exists()
+    assert re.search(r"\[hetrl\] resumed from \S+: policy v\d+, 3 warm-start and \d+ RL steps done", text), text
+    assert (run_dir / "hang" / "restarts").read_text().strip() == "1"

@@ -90,22 +90,16 @@ class FakeClock:
         return self.now
 
 
-def test_stalled_role_via_monitor_poll(tmp_path):
+def test_a_silent_role_raises_no_alert(tmp_path):
+    """Hangs are the liveness watchdog's (docs/hangs.md): the monitor's poll only redraws the console."""
     clock = FakeClock()
-    cfg = MonitorConfig(console=False, tensorboard=False, guards={"stalled_role": {"timeout_s": 60, "action": "warn"}})
-    with Monitor(cfg, tmp_path, total_steps=10, roles=["rollout", "trainer"], clock=clock) as mon:
-        clock.now += 30
-        mon.progress("trainer", tokens=10)
-        assert mon.poll() == []
-        clock.now += 40  # rollout idle 70 s, trainer 40 s
-        alerts = mon.poll()
-        assert [(a.guard, a.message.split("'")[1]) for a in alerts] == [("stalled_role", "rollout")]
-        assert mon.poll() == []  # same stall is not re-reported
-        mon.progress("rollout")
-        clock.now += 61
-        assert sorted(a.message.split("'")[1] for a in mon.poll()) == ["rollout", "trainer"]
-    lines = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
-    assert [line["guard"] for line in lines] == ["stalled_role"] * 3
+    with Monitor(MonitorConfig(tensorboard=False), tmp_path, total_steps=1, roles=["reward"], stream=io.StringIO(), clock=clock) as mon:
+        mon.progress("reward", state="scoring")
+        clock.now += 10_000
+        mon.poll()
+        mon.log(0, {"loss/policy": 0.1})
+        mon.end_step(0)
+    assert (tmp_path / "alerts.jsonl").read_text() == ""
 
 
 def test_stop_action_raises_after_step_is_written(tmp_path):
@@ -128,27 +122,3 @@ def test_warn_action_does_not_raise(tmp_path):
         mon.log(0, {"entropy": 0.0})
         mon.end_step(0)
     assert json.loads((tmp_path / "alerts.jsonl").read_text())["guard"] == "entropy_collapse"
-
-
-def test_idle_role_is_not_stalled(tmp_path):
-    """A role waiting for work may wait forever; once given work, its stall clock starts then."""
-    clock = FakeClock()
-    cfg = MonitorConfig(console=False, tensorboard=False, guards={"stalled_role": {"timeout_s": 60, "action": "warn"}})
-    with Monitor(cfg, tmp_path, total_steps=10, roles=["trainer"], clock=clock) as mon:
-        mon.progress("trainer", state="idle")
-        clock.now += 600
-        assert mon.poll() == []
-        mon.progress("trainer", state="training")
-        clock.now += 59
-        assert mon.poll() == []
-        clock.now += 2
-        assert [a.guard for a in mon.poll()] == ["stalled_role"]
-
-
-def test_stall_stop_raises_from_poll(tmp_path):
-    clock = FakeClock()
-    cfg = MonitorConfig(console=False, tensorboard=False, guards={"stalled_role": {"timeout_s": 5}})
-    with Monitor(cfg, tmp_path, total_steps=1, roles=["reward"], clock=clock) as mon:
-        clock.now += 6
-        with pytest.raises(GuardStop, match="role 'reward'"):
-            mon.poll()

@@ -59,18 +59,11 @@ class MismatchSpikeGuard(Section):
     window: int = Field(20, ge=2, description="Steps in the running median the spike factor compares against.")
 
 
-class StalledRoleGuard(Section):
-    enabled: bool = Field(True, description="Alert when a role reports no progress for too long.")
-    action: GuardAction = Field("stop", description="What the alert does: 'warn' logs it, 'stop' ends the run.")
-    timeout_s: float = Field(900.0, gt=0.0, description="Seconds without progress from a role before it counts as stalled.")
-
-
 class GuardsConfig(Section):
     nonfinite_loss: NonFiniteLossGuard = Field(default_factory=NonFiniteLossGuard, description="NaN/inf loss or gradient norm.")
     reward_collapse: RewardCollapseGuard = Field(default_factory=RewardCollapseGuard, description="Reward falling far below its best.")
     entropy_collapse: EntropyCollapseGuard = Field(default_factory=EntropyCollapseGuard, description="Entropy under a floor.")
     mismatch_spike: MismatchSpikeGuard = Field(default_factory=MismatchSpikeGuard, description="Engine vs trainer log-prob drift.")
-    stalled_role: StalledRoleGuard = Field(default_factory=StalledRoleGuard, description="A role making no progress.")
 
 
 class MonitorConfig(Section):
@@ -85,3 +78,12 @@ class MonitorConfig(Section):
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")
     rollout_store: RolloutStoreConfig = Field(default_factory=RolloutStoreConfig, description="HDF5 store of every rollout.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Alerts that warn about or stop a run going wrong.")
+    hang_timeout_s: float = Field(
+        1800.0, ge=10.0,
+        description="Liveness watchdog: a rank holding work that makes no progress for this long, or that stops answering, ends the job "
+                    "with its stacks in RUN/hang/ (under Slurm the job is requeued and resumes). Must exceed the longest single phase "
+                    "(engine start, one optimizer step, a checkpoint save, a weight push).",
+    )
+    hang_restarts: int = Field(
+        2, ge=0, description="Under Slurm: requeues after a hang, at most; a hang that comes back after that many is not requeued again."
+    )

@@ -36,7 +36,7 @@ class RolloutConfig(Section):
     )
     verify_weight_sync: bool = Field(False, description="Compare checksums of received weights with what was sent.")
     weight_sync_timeout_s: float = Field(
-        300.0, gt=0.0, description="How long an engine waits for the next bucket of a weight push. A push that times out breaks the transport, so it stops the job (resume from the last checkpoint); the engine never serves a partial push."
+        300.0, gt=0.0, description="Time bound of a weight push: an engine waits this long for each bucket, and every engine must have taken the whole push this long after the orchestrator announced it. A push that times out stops the job naming the engines that did not take it (resume from the last checkpoint); an engine never serves a partial push."
     )
     weight_sync_retries: int = Field(
         2, ge=0, description="Times in a row a push an engine refused (checksum mismatch, missing tensors, TP workers that failed to load it) is sent again; the engine serves its old version meanwhile. One failure more stops the job."

@@ -4,6 +4,8 @@ The launcher owns the job's lifetime: mpiexec runs in a session of its own, SIGI
 launcher are forwarded to that whole process group as SIGTERM (the loop's pre-emption signal:
 checkpoint, then exit with the requeue code), SIGKILL after a grace period, and
 every rank also dies with its MPI proxy (PR_SET_PDEATHSIG), so nothing outlives the launcher.
+While it waits, the launcher runs the liveness watchdog (:mod:`hetrl.control.liveness`): a hung
+job has its stacks collected, its stuck ranks named, and its whole session killed.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.launch.plan import CPU_ROLES, Plan
 
 
@@ -66,15 +70,18 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     One that ended by itself returns the requeue code if the orchestrator stopped at a checkpoint for
     a requeue (its marker in the run directory decides, not mpiexec's code: mpiexec kills a rank
     still in its interpreter's exit once the orchestrator has exited non-zero, and reports that),
-    else its own code (128 + the signal for a non-zero one after a signal).
+    else its own code (128 + the signal for a non-zero one after a signal). A job the liveness
+    watchdog found hung returns :data:`hetrl.control.liveness.HANG_EXIT_CODE` (no requeue locally).
     """
     from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
     marker = Path(run_dir) / REQUEUE_MARKER
     marker.unlink(missing_ok=True)  # a previous process's; this one writes its own
     grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
+    watchdog = liveness.watchdog_for(run_dir, plan, cfg.monitor.hang_timeout_s)
     proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check), start_new_session=True)
     received: list[int] = []
+    kill_at: list[float] = []  # when the grace after the first signal runs out
     killed = False
 
     def forward(signum, _frame):
@@ -82,25 +89,52 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
         killed = bool(received)
         _signal_group(proc, signal.SIGKILL if killed else signal.SIGTERM)
         received.append(signum)
+        kill_at.append(time.monotonic() + grace)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             try:
-                code = proc.wait(timeout=grace if received else None)
+                code = proc.wait(timeout=watchdog.poll_s)
                 break
             except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                killed = True
+                pass
+            if received:
+                if time.monotonic() > kill_at[0]:
+                    _kill_job(proc)
+                    killed = True
+            elif stuck := watchdog.check():
+                liveness.handle_hang(watchdog, stuck)
+                _kill_job(proc)
+                proc.wait()
+                return liveness.HANG_EXIT_CODE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _signal_group(proc, signal.SIGKILL)  # stragglers of a job that ended by itself
+        _kill_job(proc)  # stragglers of a job that ended by itself
     if killed:
         return 128 + received[0]
     if code != 0 and marker.exists():
         return REQUEUE_EXIT_CODE
     return 128 + received[0] if received and code != 0 else code
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL the job's whole session: its process group, and any process that left the group."""
+    _signal_group(proc, signal.SIGKILL)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the command name (which may hold spaces): state, ppid, pgrp, session, ...
+            session = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if session == proc.pid:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

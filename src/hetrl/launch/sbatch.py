@@ -15,6 +15,8 @@ Contract:
     without GPUs unset it.
   * Ranks checkpoint on SIGUSR1/SIGTERM and exit :data:`REQUEUE_EXIT_CODE`; the script then
     requeues the job (``scontrol requeue``), which resumes from the checkpoint.
+  * The liveness watchdog (:mod:`hetrl.launch.watchdog`) runs beside ``srun`` on the batch host; a
+    hung step is killed, and requeued like a pre-emption up to ``monitor.hang_restarts`` times.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def cpus_per_task(component: Component, cluster: ClusterConfig) -> int:
 def _vars(cluster: ClusterConfig, run_dir: str, python: str) -> str:
     lines = [f"RUN_DIR={shlex.quote(run_dir)}"]
     if cluster.container is None:
-        lines.append(f"PYTHON={shlex.quote(python)}")
+        lines += [f"PYTHON={shlex.quote(python)}", 'BATCH_PYTHON=("$PYTHON")  # runs the watchdog on this (the batch) host']
     else:
         # apptainer --bind specs are comma-separated `src[:dst[:opts]]` lists.
         if "," in run_dir or ":" in run_dir:
@@ -172,7 +174,10 @@ def _vars(cluster: ClusterConfig, run_dir: str, python: str) -> str:
         for bind in cluster.container_binds:
             if "," in bind:
                 raise ValueError(f"cluster.container_binds entry {bind!r}: one bind per entry, no ','")
-        lines += ["PYTHON=python  # the image's interpreter", f"CONTAINER_IMAGE={shlex.quote(cluster.container)}"]
+        binds = " ".join(f"--bind {shlex.quote(bind)}" for bind in cluster.container_binds)
+        lines += ["PYTHON=python  # the image's interpreter", f"CONTAINER_IMAGE={shlex.quote(cluster.container)}",
+                  f'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" {binds + " " if binds else ""}"$CONTAINER_IMAGE" python)'
+                  "  # runs the watchdog on this (the batch) host"]
     return "\n".join(lines)
 
 

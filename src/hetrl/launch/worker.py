@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
 
     from hetrl.config.loader import validate_tree
+    from hetrl.control import liveness
     from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
     from hetrl.launch.plan import Plan
@@ -103,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
     faults = Fault.parse(os.environ.get("HETRL_INJECT_FAULT"))
     at_start(faults, ctx.role, ctx.assignment.role_rank)
+    liveness.start_beacon(run_dir, ctx.rank, ctx.role, ctx.assignment.role_rank, cfg.monitor.hang_timeout_s)
     run_handshake(ctx, run_dir)
     logging.info("handshake done")
     if args.check:
         flush_sends()
+        liveness.stop_beacon()
         return 0
     _bind_engine_gpus(ctx.assignment)
     _pin_threads()
@@ -119,6 +122,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     The orchestrator exits last (it waits for every rank's bye), so a launcher that kills the job
     on the first non-zero exit (``srun --kill-on-bad-exit``) cannot cut another rank's shutdown short.
     """
+    from hetrl.control import liveness
     from hetrl.control.comm import flush_sends
     from hetrl.loop import preempt
     from hetrl.loop.roles import run_role
@@ -137,6 +141,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     else:
         preempt.say_bye(ctx)
     flush_sends()
+    liveness.stop_beacon()
     logging.info("role finished; exiting with %d", code)
     return code
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.base import Environment
 from hetrl.env.remote import EnvServerLost, EpisodeHost, RemoteEnv, remote_failure
@@ -115,7 +116,12 @@ class EnvServer:
         delay = _POLL_MIN_S
         while self.clients:
             self._answered.clear()
-            if self._receive() | self._flush():
+            moved = self._receive() | self._flush()
+            if not self.jobs:
+                liveness.idle("waiting for env calls")
+            elif moved:  # an answer went out or calls came in
+                liveness.busy(f"serving {len(self.jobs)} env call(s) of {self.host.open_episodes} open episode(s)")
+            if moved:
                 delay = _POLL_MIN_S
                 await asyncio.sleep(0)  # let the new calls start before probing again
                 continue

@@ -9,8 +9,6 @@
   push_refused@n   rollout: the engine refuses its n-th weight push after reading it whole (once);
                    it must keep serving its old version and the orchestrator have the push resent
   scorer_crash@n   reward: the rubric raises on the n-th batch (once); its samples must be retried
-  scorer_stall@n   reward: the worker sleeps STALL_S seconds before scoring its n-th batch (once);
-                   the stalled-role guard must notice while the orchestrator waits
   reward_drop@n    reward: from the n-th sample it scores on, every total reward is lowered by
                    REWARD_DROP (a scorer that silently broke); the reward-collapse guard must fire
   nan_loss@n       trainer: the advantages of its n-th batch (warm-start batches count) are NaN, so
@@ -29,9 +27,8 @@ import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "scorer_stall", "reward_drop", "nan_loss", "desync_weights")
+KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "reward_drop", "nan_loss", "desync_weights")
 FAULT_ENV = "HETRL_INJECT_FAULT"
-STALL_S = 8.0  # long enough to outlast a rig's stalled_role.timeout_s of a few seconds
 REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level
 DESYNC_STD = 0.05  # about the scale of the weights of a random-init tiny model: a large, certain mismatch
 

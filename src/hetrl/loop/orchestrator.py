@@ -14,11 +14,12 @@ The three schedules are one mechanism with a different look-ahead: groups may be
 ``max_staleness`` versions behind the trainer (0 for sync); older groups are dropped or
 regenerated and counted.
 
-With a monitor attached (:meth:`Orchestrator.attach_monitor`), the orchestrator is where role
-liveness is seen: each role is marked busy when given work and idle when it has none left, its
-results count as progress, and the stalled-role guard is polled while the orchestrator waits (a
-role that hangs holds up exactly that wait). It also adds ``time/reward`` to each step's trainer
-metrics: the reward workers' scoring time of the samples trained in that step.
+With a monitor attached (:meth:`Orchestrator.attach_monitor`), the orchestrator reports the role
+states the console shows: each role is marked busy when given work and idle when it has none left,
+its results count as progress, and the orchestrator's waits are sliced so the monitor redraws the
+console meanwhile (hangs are caught by the liveness watchdog, docs/hangs.md). It also adds
+``time/reward`` to each step's trainer metrics: the reward workers' scoring time of the samples
+trained in that step.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.loop.batching import advantages_for, check_loop_support, require_room
 from hetrl.loop.work import (
-    EpisodeItem, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
+    EpisodeItem, PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
     TrainDone, TrainWork, id_order,
 )
 from hetrl.monitor import names
@@ -42,7 +44,7 @@ from hetrl.monitor.guards import IDLE
 from hetrl.types import Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
-_POLL_S = 1.0  # how often a waiting orchestrator checks the stalled-role guard
+_POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console
 
 
 @dataclass
@@ -106,6 +108,8 @@ class Orchestrator:
         self.train_done: TrainDone | None = None
         self._training = False  # a step is at the trainer: the push that follows it supersedes any other
         self._push_attempt = 0  # sends of the current version's weights so far, minus one
+        self._push_pending: set[int] = set()  # engines that have not answered the current send
+        self._push_announced = 0.0  # when the engines were told to take it (monotonic)
         self.refused_pushes = 0  # since the last take_refused_pushes()
         self.refused_pushes_total = 0
         self._next_group = 0
@@ -116,7 +120,7 @@ class Orchestrator:
         self.monitor: Any | None = None
 
     def attach_monitor(self, monitor: Any) -> None:
-        """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and poll its guards while waiting."""
+        """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and have it redraw the console while waiting."""
         self.monitor = monitor
         for role in ("rollout", "reward", "trainer"):
             monitor.progress(role, state=IDLE)
@@ -162,12 +166,14 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ message pump
 
-    def pump(self, timeout_s: float | None = None) -> None:
+    def pump(self, waiting_for: str, timeout_s: float | None = None) -> None:
         """Handle one incoming result (waiting up to ``timeout_s``, sleeping, not spinning).
 
-        The wait is sliced so the monitor's stalled-role guard runs meanwhile; a ``stop`` stall
-        alert ends the wait with :class:`hetrl.monitor.GuardStop`.
+        The wait is sliced so the monitor redraws the console meanwhile. The orchestrator counts as idle
+        while it waits (``waiting_for`` says on what) and each result as its progress: if the whole
+        job stops moving, the liveness watchdog names what the orchestrator was waiting for.
         """
+        liveness.idle(f"waiting for {waiting_for}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             slice_s = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
@@ -179,6 +185,8 @@ class Orchestrator:
                     raise PeerTimeout(f"waited {timeout_s:.0f} s for a result from any rank") from None
             if self.monitor is not None:
                 self.monitor.poll()
+            self._check_push_deadline()
+        liveness.tick()
         if isinstance(message, RolloutDone):
             self._on_rollout(message, source)
         elif isinstance(message, RewardDone):
@@ -189,6 +197,9 @@ class Orchestrator:
             self._on_push_refused(message, source)
         elif isinstance(message, ServingWeights):
             self.serving[source] = max(self.serving[source], message.version)
+            self._push_pending.discard(source)
+        elif isinstance(message, PushFailed):
+            self._on_push_failed(message)
         else:
             raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
 
@@ -211,6 +222,8 @@ class Orchestrator:
         Not while a step is at the trainer (its push comes next and supersedes this one), nor for a
         send already superseded: several engines refusing one send get one send again.
         """
+        if (message.version, message.attempt) == (self.version, self._push_attempt):
+            self._push_pending.discard(engine)
         self.refused_pushes += 1
         self.refused_pushes_total += 1
         logger.warning("engine rank %d refused weight push v%d (send %d): %s", engine, message.version, message.attempt + 1, message.reason)
@@ -221,9 +234,29 @@ class Orchestrator:
             send(self.ctx.world, PushWeights(self.version, self._push_attempt), rank, Tag.WORK)
         self.sync_engines(self.version, self._push_attempt)
 
+    def _on_push_failed(self, message: PushFailed) -> None:
+        """The trainer's push broke off: name the engines that had not taken it, and stop."""
+        current = (message.version, message.attempt) == (self.version, self._push_attempt)
+        self._push_not_taken(f"broke off on the trainer: {message.reason}", self._push_pending if current else set())
+
+    def _check_push_deadline(self) -> None:
+        """A push must be taken by every engine within ``rollout.weight_sync_timeout_s`` of being
+        announced; a sender's buffers can absorb a push to an engine that is gone, so the trainer
+        alone cannot tell."""
+        timeout_s = self.cfg.rollout.weight_sync_timeout_s
+        if self._push_pending and time.monotonic() - self._push_announced > timeout_s:
+            self._push_not_taken(f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s", self._push_pending)
+
+    def _push_not_taken(self, what: str, pending: set[int]) -> None:
+        who = ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(pending)) or "none known (every engine answered)"
+        raise RuntimeError(f"weight push v{self.version} (send {self._push_attempt + 1}) {what}. "
+                           f"Engines that did not take it: {who}. See their logs (RUN/logs/rollout_<n>.log)")
+
     def sync_engines(self, version: int, attempt: int = 0) -> None:
         """Tell every engine to receive the push of ``version`` the trainer is sending."""
         self.version, self._push_attempt = version, attempt
+        self._push_pending = set(self.engines)  # until each says it serves it, or refused it
+        self._push_announced = time.monotonic()
         for engine in self.engines:
             send(self.ctx.world, SyncWeights(version, attempt), engine, Tag.WORK)
 
@@ -299,10 +332,10 @@ class Orchestrator:
         from hetrl.monitor.eval import eval_metrics
 
         while min(self.serving.values()) < self.version:  # an engine that refused the push is being sent it again
-            self.pump(timeout_s=600)
+            self.pump(f"every engine to serve v{self.version}", timeout_s=600)
         self.dispatch(self.new_groups(tasks_with_seeds, self.cfg.eval.k, "eval"), "eval")
         while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
-            self.pump(timeout_s=600)
+            self.pump("held-out evaluation episodes and their rewards", timeout_s=600)
         samples, self.results["eval"] = sorted(self.results["eval"], key=lambda s: id_order(s.sample_id)), []
         require_room(samples, self.cfg.env.max_episode_tokens, "evaluation")
         mean_reward = sum(s.reward for s in samples) / len(samples)
@@ -328,7 +361,7 @@ class Orchestrator:
         self._report("trainer", True, "training")
         self.train_done, self._training = None, True
         while self.train_done is None:
-            self.pump(timeout_s=3600)
+            self.pump(f"the trainer's step {step} (v{self.version} -> v{self.version + 1})", timeout_s=3600)
         done, self.train_done, self._training = self.train_done, None, False
         self._report("trainer", False, "training")
         if not supervised:
@@ -368,7 +401,7 @@ class Orchestrator:
         draws_left = 20 * want  # dynamic sampling gives up refilling after this many extra groups
         while len(batch) < want:
             while not self.ready:
-                self.pump(timeout_s=3600)
+                self.pump(f"complete groups for the next step ({len(batch)}/{want} so far)", timeout_s=3600)
             group = self.ready.pop(0)
             lag = group_lag(group, self.version)
             if lag > max_lag:

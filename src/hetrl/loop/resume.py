@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.loop import CheckpointConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop import preempt
 from hetrl.loop.orchestrator import Orchestrator
@@ -44,6 +45,7 @@ class LoopState:
 
 def _trainer_reply(ctx: RoleContext, expected: type) -> Any:
     """Wait for trainer rank 0's answer (the only trainer rank that talks to the orchestrator)."""
+    liveness.idle(f"the trainer's {expected.__name__}")
     message, _, _ = recv(ctx.world, ctx.plan.ranks_of("trainer")[0], Tag.RESULT, timeout_s=_TRAINER_REPLY_TIMEOUT_S)
     if not isinstance(message, expected):
         raise TypeError(f"expected {expected.__name__} from the trainer, got {type(message).__name__}")

@@ -13,6 +13,7 @@ import logging
 import time
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
@@ -27,13 +28,7 @@ class _RiggedFaults:
 
     def __init__(self, role_rank: int) -> None:
         found = faults.from_env()
-        self.stall = Countdown(found, "reward", role_rank, "scorer_stall")
         self.drop = Onset(found, "reward", role_rank, "reward_drop")
-
-    def before_batch(self) -> None:
-        if self.stall.fire():
-            logger.warning("injected fault: the scorer stalls for %.0f s", faults.STALL_S)
-            time.sleep(faults.STALL_S)
 
     def after_scoring(self, sample: Sample) -> Sample:
         if self.drop.fire():
@@ -48,17 +43,18 @@ def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
     rigged = _RiggedFaults(ctx.assignment.role_rank)
     try:
         while True:
+            liveness.idle("waiting for samples to score")
             message, source, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
             if isinstance(message, Shutdown):
                 return
             if not isinstance(message, RewardWork):
                 raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
+            liveness.busy(f"scoring {len(message.samples)} sample(s)")
             start = time.monotonic()
             try:
-                rigged.before_batch()
                 if crash.fire():
                     raise RuntimeError("injected fault: the reward scorer crashed")
-                done = RewardDone([rigged.after_scoring(rubric.score(sample).apply_to(sample)) for sample in message.samples])
+                done = RewardDone([rigged.after_scoring(_scored(rubric, sample)) for sample in message.samples])
             except Exception as error:  # noqa: BLE001 - retried elsewhere; the worker carries on
                 logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(message.samples))
                 rubric.close()
@@ -68,3 +64,9 @@ def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
             send(ctx.world, done, source, Tag.RESULT)
     finally:
         rubric.close()
+
+
+def _scored(rubric, sample: Sample) -> Sample:  # noqa: ANN001 - hetrl.reward.rubric.Rubric
+    scored = rubric.score(sample).apply_to(sample)
+    liveness.tick()
+    return scored

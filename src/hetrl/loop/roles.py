@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext
 from hetrl.loop.faults import Countdown, Fault
 
@@ -91,7 +92,14 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
 
 
 def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:
+    """This rank's role, start to end. Each start-up phase reports itself to the liveness beacon,
+    so the hang timeout bounds each phase, not the whole start."""
+    if ctx.rank == ctx.plan.ranks_of("trainer")[0]:
+        liveness.busy("writing or finding the initial checkpoint")
+    else:
+        liveness.idle("job setup: waiting for trainer rank 0's initial checkpoint")
     setup = job_setup(ctx, cfg, run_dir)
+    liveness.busy(f"starting the {ctx.role} role")
     if ctx.role == "orchestrator":
         from hetrl.loop.driver import run_orchestrator
 

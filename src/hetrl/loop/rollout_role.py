@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, flush_sends, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
@@ -51,7 +52,9 @@ class RolloutWorker:
         self.ctx, self.cfg, self.receiver, self.crash, self.refuse_push = ctx, cfg, receiver, crash, refuse_push
         self.refused_in_a_row = 0
         self.model_dir = model_dir
+        liveness.busy("starting the generation engine")
         self.engine = self._new_engine()
+        liveness.tick()
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir))
         self.env_client = None
@@ -121,9 +124,11 @@ class RolloutWorker:
         """Take part in the push, then serve it; a refused push is reported, and the old version served."""
         staged = None
         flush_sends()  # the push makes no MPI progress: samples sent to the orchestrator must not wait on it
+        liveness.busy(f"receiving weights v{message.version} (serving v{self.engine.version})")
         try:
             staged = self.receiver.receive(message.version, message.attempt)
             if staged.version == self.engine.version:  # sent again for another engine's sake
+                send(self.ctx.world, ServingWeights(staged.version), self.ctx.orchestrator_rank, Tag.RESULT)
                 return
             if self.refuse_push.fire():
                 raise WeightSyncError(f"injected fault: push v{staged.version} refused (as if its checksums did not match)")
@@ -201,6 +206,7 @@ class RolloutWorker:
             if got_work or env_moved:
                 await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
             busy = self._step_engine()
+            self._report_liveness(moved=busy or got_work or env_moved)
             nap_s = 0.0 if busy or got_work or env_moved else min(max(2 * nap_s, _NAP_MIN_S), _IDLE_SLEEP_S)
             await asyncio.sleep(nap_s)
             if self._errors:
@@ -212,6 +218,14 @@ class RolloutWorker:
         if self.env_client:
             self.env_client.close()
         self.engine.shutdown()
+
+
+    def _report_liveness(self, moved: bool) -> None:
+        """Busy while it holds episodes (a decoding step or an env answer is progress), else idle."""
+        if not self._tasks:
+            liveness.idle("waiting for episodes")
+        elif moved:
+            liveness.busy(f"generating {len(self._tasks)} episode(s) with weights v{self.engine.version}")
 
 
 def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown, refuse_push: Countdown) -> None:

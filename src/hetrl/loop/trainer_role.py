@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import Checkpoint, CheckpointDone, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
+from hetrl.loop.work import Checkpoint, CheckpointDone, PushFailed, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
 from hetrl.monitor import names
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     total_steps = cfg.run.steps + cfg.warm_start.steps
     trainer = PolicyTrainer(cfg.model, cfg.trainer, cfg.algorithm, seed=cfg.run.seed, total_steps=total_steps,
                             temperature=cfg.rollout.temperature, max_len=cfg.rollout.max_tokens)
+    liveness.tick()
     load_hf_checkpoint(trainer.module, model_dir, trainer.groups.pg_collection)
     if trainer.reference is not None:
         trainer.sync_reference()  # the reference is the initial policy, also after a resume
@@ -91,10 +93,12 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     rigged = _RiggedFaults(ctx.assignment.role_rank)
     mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
     while True:
+        liveness.idle("waiting for work from the orchestrator")
         with clock.timing("wait"):
             message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
             return
+        liveness.busy(f"{type(message).__name__} (holding v{version})")
         if isinstance(message, Checkpoint):
             path = _save(trainer, cfg, run_dir, message, version)
             _reply(ctx, sender, CheckpointDone(str(path)))
@@ -105,13 +109,13 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
             _reply(ctx, sender, Restored(version, loop_state))
             with clock.timing("weight_sync"):
-                _push_weights(trainer, cfg, sender, version)
+                _push_weights(ctx, trainer, cfg, sender, version)
             continue
         if isinstance(message, PushWeights):  # an engine refused the last push: the same weights again
             if message.version != version:
                 raise RuntimeError(f"orchestrator asked to push v{message.version} again, the trainer holds v{version}")
             with clock.timing("weight_sync"):
-                _push_weights(trainer, cfg, sender, version, message.attempt)
+                _push_weights(ctx, trainer, cfg, sender, version, message.attempt)
             continue
         if not isinstance(message, TrainWork):
             raise TypeError(f"trainer got an unexpected {type(message).__name__}")
@@ -128,7 +132,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
         version += 1
         _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
         with clock.timing("weight_sync"):
-            _push_weights(trainer, cfg, sender, version)
+            _push_weights(ctx, trainer, cfg, sender, version)
         rigged.after_push(trainer)
 
 
@@ -191,7 +195,11 @@ def _train_on(trainer: Any, work: TrainWork, num_minibatches: int) -> tuple[dict
     chunks = [(work.samples[a:b], work.advantages[a:b]) for a, b in zip(bounds, bounds[1:])]
     batches = [trainer.make_batch(samples, _padded(advantages)) for samples, advantages in chunks]
     old = [trainer.compute_logprobs(batch) for batch in batches]  # all before the first update
-    per_step = [trainer.train_step(batch, old_logprobs=lp) for batch, lp in zip(batches, old)]
+    liveness.tick()
+    per_step = []
+    for batch, lp in zip(batches, old):
+        per_step.append(trainer.train_step(batch, old_logprobs=lp))
+        liveness.tick()
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     logprobs = [lp[i, : len(s.completion_ids)].tolist() for (samples, _), lp in zip(chunks, old) for i, s in enumerate(samples)]
     return metrics, logprobs
@@ -209,17 +217,31 @@ def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
         flush_sends()
 
 
-def _push_weights(trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0) -> None:
-    """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers)."""
+def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0) -> None:
+    """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers).
+
+    A push that breaks off (an engine did not take a bucket within ``rollout.weight_sync_timeout_s``,
+    or went away) is reported to the orchestrator, which knows which engines had not answered
+    and names them as it stops the job.
+    """
     from hetrl.trainer.exporter import iter_hf_weight_buckets
 
     bucket_bytes = cfg.rollout.weight_sync_bucket_bytes(on_gpu=trainer.groups.device.type == "cuda")
     buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
+    liveness.busy(f"pushing weights v{version} to the engines")
     if sender is None:
         for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
             pass
     else:
-        sender.send(buckets, version, attempt)
+        try:
+            sender.send(buckets, version, attempt)
+        except RuntimeError as error:  # gloo/NCCL timeouts and lost peers; the group cannot carry another push
+            logger.error("weight push v%d broke off: %s", version, error)
+            send(ctx.world, PushFailed(version, attempt, str(error).splitlines()[0] if str(error) else repr(error)),
+                 ctx.orchestrator_rank, Tag.RESULT)
+            flush_sends()
+            return
+    liveness.tick()
 
 
 def _save(trainer: Any, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:

@@ -95,6 +95,16 @@ class ServingWeights:
 
 
 @dataclass
+class PushFailed:
+    """Trainer rank 0 -> orchestrator: push ``version`` (its ``attempt``-th send) broke off (a timeout
+    or a lost engine); the orchestrator names the engines that did not take it and stops the job."""
+
+    version: int
+    attempt: int
+    reason: str
+
+
+@dataclass
 class PushRefused:
     """Engine -> orchestrator: push ``version`` (its ``attempt``-th send) was refused, the engine
     serves its old weights; the push was read to its end, so it can come again."""

@@ -26,7 +26,7 @@ from typing import IO, Any
 from hetrl.config.monitor import MonitorConfig
 from hetrl.monitor import names
 from hetrl.monitor.console import Console, RoleStatus, make_console
-from hetrl.monitor.guards import IDLE, Alert, Guards, GuardStop
+from hetrl.monitor.guards import Alert, Guards, GuardStop
 from hetrl.monitor.metrics import rollout_metrics
 from hetrl.monitor.mismatch import mismatch_metrics
 from hetrl.monitor.rollout_store import ROLLOUT_DIR, RolloutStore
@@ -54,10 +54,6 @@ class _RoleTracker:
         self.state.setdefault(role, "running")
         if tokens:
             self.tokens[role] = self.tokens.get(role, 0) + tokens
-
-    def busy_progress(self) -> dict[str, float]:
-        """Last progress time of the roles that have work (the ones that can stall)."""
-        return {r: t for r, t in self.last_progress.items() if self.state.get(r) != IDLE}
 
     def take_rates(self, now: float) -> dict[str, float]:
         """Tokens/s per role since the previous call; roles that reported no tokens are left out."""
@@ -140,19 +136,16 @@ class Monitor:
     def progress(self, role: str, tokens: int = 0, state: str | None = None) -> None:
         """A role made progress or changed state (optionally: tokens processed since its last call).
 
-        A role in state :data:`~hetrl.monitor.guards.IDLE` waits for work and cannot stall.
+        The state (e.g. :data:`~hetrl.monitor.guards.IDLE`, waiting for work) and the time since the
+        last progress are shown on the console; hangs are the liveness watchdog's (docs/hangs.md).
         """
         names.throughput(role)  # validates the role name early
         self._roles.progress(role, int(tokens), state, self._clock())
 
-    def poll(self) -> list[Alert]:
-        """Check for stalled roles and redraw the console; call it while waiting on roles."""
-        now = self._clock()
-        alerts = self.guards.check_stalled(self._roles.busy_progress(), now)
+    def poll(self) -> None:
+        """Redraw the console (role states, seconds since their last progress); call it while waiting on roles."""
         if self.console is not None:
-            self.console.refresh(self._roles.statuses(now))
-        self._emit(alerts)
-        return alerts
+            self.console.refresh(self._roles.statuses(self._clock()))
 
     def end_step(self, step: int) -> dict[str, float]:
         """Write the step's metrics everywhere, run the guards; raise GuardStop on a ``stop`` alert."""
@@ -166,8 +159,7 @@ class Monitor:
             sink.write(step, metrics)
         if self.console is not None:
             self.console.update(step, metrics, self._roles.statuses(now))
-        alerts = self.guards.check(step, metrics) + self.guards.check_stalled(self._roles.busy_progress(), now)
-        self._emit(alerts)
+        self._emit(self.guards.check(step, metrics))
         return metrics
 
     def _emit(self, alerts: list[Alert]) -> None:

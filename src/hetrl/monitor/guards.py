@@ -1,6 +1,6 @@
 """Alerts that catch a run going wrong early, each configured to ``warn`` or ``stop``.
 
-The guards watch the per-step metrics (see :mod:`hetrl.monitor.names`) and role heartbeats:
+The guards watch the per-step metrics (see :mod:`hetrl.monitor.names`):
 
 * ``nonfinite_loss``: any ``loss/*`` or ``grad_norm`` is NaN/inf (fires every such step).
 * ``reward_collapse``: the moving average of ``reward/mean`` over ``window`` steps is more than
@@ -9,8 +9,9 @@ The guards watch the per-step metrics (see :mod:`hetrl.monitor.names`) and role 
   (fires once per run of low steps).
 * ``mismatch_spike``: ``mismatch/k3_kl`` above ``max_k3_kl``, or above ``spike_factor`` times its
   median over the previous ``window`` steps (fires every such step).
-* ``stalled_role``: a role that has work reported no progress for ``timeout_s`` (fires once per
-  stall); a role in state :data:`IDLE` (nothing to do) is not stalled, however long it waits.
+
+Hangs (a rank that stops answering or makes no progress) are the liveness watchdog's job, not a
+guard's: see :mod:`hetrl.control.liveness` and docs/hangs.md.
 
 A guard whose metric is absent in a step skips that step: roles log at different times, and a
 missing metric is not evidence of a problem. Guards only *report*; :class:`hetrl.monitor.Monitor`
@@ -31,7 +32,7 @@ from hetrl.monitor import names
 # Below this (nats per token) engine/trainer disagreement is kernel-level noise; a relative spike
 # from ~0 to just above it is not worth an alert.
 _MISMATCH_NOISE_FLOOR = 1e-4
-#: The role state meaning "waiting for work": the stalled-role guard skips such roles.
+#: The role state meaning "waiting for work", as the orchestrator reports it and the console shows it.
 IDLE = "idle"
 
 
@@ -56,7 +57,7 @@ class GuardStop(RuntimeError):
 
 
 class Guards:
-    """Stateful checks over the stream of step metrics and role progress times."""
+    """Stateful checks over the stream of step metrics."""
 
     def __init__(self, cfg: GuardsConfig):
         self.cfg = cfg
@@ -65,7 +66,6 @@ class Guards:
         self._reward_collapsed = False
         self._low_entropy_steps = 0
         self._mismatch: deque[float] = deque(maxlen=cfg.mismatch_spike.window)
-        self._stalled: dict[str, float] = {}  # role -> its last-progress time when the stall was reported
 
     def check(self, step: int, metrics: Mapping[str, float]) -> list[Alert]:
         """Alerts raised by one step's metrics (updates the guards' history)."""
@@ -131,16 +131,3 @@ class Guards:
                     f"mismatch/k3_kl {value:.4g} is over {cfg.spike_factor}x its {cfg.window}-step median {median:.4g}"
                 )
         return None
-
-    def check_stalled(self, last_progress_s: Mapping[str, float], now_s: float) -> list[Alert]:
-        """Alerts for roles whose last progress (monotonic seconds) is older than the timeout."""
-        cfg = self.cfg.stalled_role
-        if not cfg.enabled:
-            return []
-        alerts = []
-        for role, last in sorted(last_progress_s.items()):
-            idle = now_s - last
-            if idle >= cfg.timeout_s and self._stalled.get(role) != last:
-                self._stalled[role] = last
-                alerts.append(Alert("stalled_role", cfg.action, f"role {role!r} made no progress for {idle:.0f} s (timeout_s {cfg.timeout_s:g})"))
-        return alerts

@@ -1,0 +1,269 @@
+"""Liveness: every rank's heartbeat and progress, read by a watchdog outside the MPI job.
+
+No hang is silent. Each rank runs a :class:`Beacon`, a daemon thread that every ``beat_s`` seconds
+rewrites ``RUN/hang/beats/rank_<world rank>.json`` with what its main loop last reported:
+
+* :func:`busy` ("training step 8"): the rank holds work and must make progress;
+* :func:`tick`: it did (a decoding step, a scored sample, a received result);
+* :func:`idle` ("waiting for work"): nothing to do; no progress is expected of it.
+
+The thread does not depend on the main loop, so its record tells two failures apart: a rank whose
+beat is older than the timeout stopped answering (frozen, SIGSTOPped, stuck in a C call that holds
+the GIL, its node gone); a rank whose beat is fresh but which has been ``busy`` without a tick for
+longer than the timeout makes no progress (a deadlock in a collective, a wait that never ends). If
+every rank is idle and nothing ticked for the timeout, the job as a whole waits on something that
+will not come (a lost message): the orchestrator, which drives everything, is named.
+
+The :class:`Watchdog` reads the records (it runs in the local launcher, or beside ``srun`` in the
+batch script: outside the ranks it judges). On a hang it asks every rank that still answers for its
+Python stacks (``RUN/hang/dump-request``; each beacon writes ``RUN/hang/stacks/<role>_<n>.txt``),
+writes ``RUN/hang/report.txt`` naming the stuck ranks, their role and what they were last doing,
+and its caller ends the job. The beat files are overwritten in place, one small write per rank per
+beat: at 10,000 ranks and a 30 s beat that is ~330 writes/s to the shared file system.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HANG_DIR = "hang"
+#: Exit code of a job the watchdog ended (the requeue code is 3, see hetrl.launch.sbatch).
+HANG_EXIT_CODE = 4
+BUSY, IDLE, EXITED = "busy", "idle", "exited"
+
+
+def hang_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / HANG_DIR
+
+
+def beat_period_s(timeout_s: float) -> float:
+    """How often ranks beat and the watchdog looks: a twentieth of the timeout, within 1-30 s."""
+    return min(30.0, max(1.0, timeout_s / 20))
+
+
+@dataclass
+class Beat:
+    """One rank's record, as its beacon last wrote it (times are wall-clock seconds)."""
+
+    rank: int
+    role: str
+    role_rank: int
+    host: str
+    pid: int
+    beat: float  # when the beacon thread last wrote
+    progress: float  # the main loop's last busy/idle/tick
+    state: str  # BUSY, IDLE or EXITED
+    activity: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}[{self.role_rank}] (world rank {self.rank}, pid {self.pid} on {self.host})"
+
+
+class Beacon:
+    """A rank's heartbeat thread; the main loop reports through :func:`busy`, :func:`idle`, :func:`tick`."""
+
+    def __init__(self, run_dir: Path, rank: int, role: str, role_rank: int, beat_s: float) -> None:
+        self.dir = hang_dir(run_dir)
+        (self.dir / "beats").mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "beats" / f"rank_{rank}.json"
+        self.beat_s = beat_s
+        self.record = Beat(rank, role, role_rank, socket.gethostname(), os.getpid(), time.time(), time.time(), BUSY, "starting")
+        self._dumped = ""  # the id of the last dump request answered
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hetrl-beacon", daemon=True)
+
+    def start(self) -> None:
+        self._write()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The rank is done: its record says so, and the watchdog stops expecting beats."""
+        self._stop.set()
+        self._thread.join(timeout=self.beat_s + 5)
+        self.record.state, self.record.activity = EXITED, "exited"
+        self._write()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            self._write()
+            self._answer_dump_request()
+
+    def _write(self) -> None:
+        self.record.beat = time.time()
+        text = json.dumps(asdict(self.record))
+        # Overwritten in place (no rename: one data write, no metadata traffic on a parallel FS).
+        with open(self.path, "w") as f:
+            f.write(text)
+
+    def _answer_dump_request(self) -> None:
+        try:
+            request = (self.dir / "dump-request").read_text()
+        except FileNotFoundError:
+            return
+        if request == self._dumped:
+            return
+        self._dumped = request
+        stacks = self.dir / "stacks"
+        stacks.mkdir(exist_ok=True)
+        with open(stacks / f"{self.record.role}_{self.record.role_rank}.txt", "w") as f:
+            f.write(f"{self.record.label}: {self.record.state}, {self.record.activity}\n\n")
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+
+
+_beacon: Beacon | None = None  # this process's, like its signal handlers
+
+
+def start_beacon(run_dir: Path, rank: int, role: str, role_rank: int, timeout_s: float) -> Beacon:
+    """Start this process's beacon (once per process); the report functions below feed it."""
+    global _beacon
+    if _beacon is not None:
+        raise RuntimeError("this process already has a liveness beacon")
+    _beacon = Beacon(run_dir, rank, role, role_rank, beat_period_s(timeout_s))
+    _beacon.start()
+    return _beacon
+
+
+def stop_beacon() -> None:
+    global _beacon
+    if _beacon is not None:
+        _beacon.stop()
+        _beacon = None
+
+
+def busy(activity: str) -> None:
+    """This rank holds work (``activity`` says what); it must tick within the hang timeout."""
+    _report(BUSY, activity)
+
+
+def idle(activity: str) -> None:
+    """This rank waits for work (``activity`` says on what); no progress is expected of it."""
+    _report(IDLE, activity)
+
+
+def tick() -> None:
+    """This rank made progress. Cheap: call it per decoding step, per scored sample."""
+    if _beacon is not None:
+        _beacon.record.progress = time.time()
+
+
+def _report(state: str, activity: str) -> None:
+    if _beacon is not None:
+        record = _beacon.record
+        record.state, record.activity, record.progress = state, activity, time.time()
+
+
+@dataclass(frozen=True)
+class Stuck:
+    rank: int
+    label: str
+    why: str
+    activity: str
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.why}; last doing: {self.activity}"
+
+
+class Watchdog:
+    """Judges the beats of a job's ranks against ``timeout_s``; see the module docstring."""
+
+    def __init__(self, run_dir: Path, ranks: dict[int, str], orchestrator_rank: int, timeout_s: float) -> None:
+        """``ranks`` maps every world rank to its label (``role[n]``), for ranks that never beat."""
+        self.dir = hang_dir(run_dir)
+        self.ranks, self.orchestrator_rank, self.timeout_s = ranks, orchestrator_rank, timeout_s
+        self.started = time.time()
+        self.poll_s = beat_period_s(timeout_s)
+        self._last: dict[int, Beat] = {}
+        (self.dir / "dump-request").unlink(missing_ok=True)
+
+    def _beats(self) -> dict[int, Beat]:
+        """This job's records (a previous job's, left in the run directory, are older than its start)."""
+        for rank in self.ranks:
+            try:
+                beat = Beat(**json.loads((self.dir / "beats" / f"rank_{rank}.json").read_text()))
+            except (FileNotFoundError, json.JSONDecodeError, TypeError):
+                continue  # not started yet, or caught mid-write: the record read before stands
+            if beat.beat >= self.started - 1.0:
+                self._last[rank] = beat
+        return dict(self._last)
+
+    def check(self, now: float | None = None) -> list[Stuck]:
+        """The stuck ranks (empty while the job is live), those that stopped answering first."""
+        now = time.time() if now is None else now
+        beats = self._beats()
+        silent, stalled = [], []
+        for rank, label in self.ranks.items():
+            beat = beats.get(rank)
+            if beat is None:
+                if now - self.started > self.timeout_s:
+                    silent.append(Stuck(rank, f"{label} (world rank {rank})", f"never started within {self.timeout_s:.0f} s", "starting"))
+                continue
+            if beat.state == EXITED:
+                continue
+            if now - beat.beat > self.timeout_s:
+                silent.append(Stuck(rank, beat.label, f"stopped answering {now - beat.beat:.0f} s ago (frozen, stopped or gone)",
+                                    f"{beat.state}: {beat.activity}"))
+            elif beat.state == BUSY and now - beat.progress > self.timeout_s:
+                stalled.append(Stuck(rank, beat.label, f"no progress for {now - beat.progress:.0f} s", beat.activity))
+        if silent or stalled:
+            return silent + sorted(stalled, key=lambda s: beats[s.rank].progress)
+        live = [b for b in beats.values() if b.state != EXITED]
+        if len(beats) == len(self.ranks) and live and all(b.state == IDLE for b in live):
+            last = max(b.progress for b in live)
+            orchestrator = beats[self.orchestrator_rank]
+            if now - last > self.timeout_s and orchestrator.state != EXITED:
+                return [Stuck(self.orchestrator_rank, orchestrator.label,
+                              f"every rank has been idle for {now - last:.0f} s: the job waits on something that will not come",
+                              orchestrator.activity)]
+        return []
+
+    def collect_stacks(self, wait_s: float | None = None) -> list[Path]:
+        """Ask every answering rank for its stacks and wait (bounded) for them; the files written."""
+        stacks = self.dir / "stacks"
+        earlier = self.dir / f"earlier-{int(self.started)}"
+        if stacks.exists():  # a previous hang of this run: keep its evidence beside
+            earlier.mkdir(exist_ok=True)
+            shutil.move(str(stacks), earlier / "stacks")
+        (self.dir / "dump-request").write_text(f"{time.time():.3f}")
+        answering = [b for b in self._beats().values() if b.state != EXITED and time.time() - b.beat <= self.timeout_s]
+        deadline = time.monotonic() + (2 * self.poll_s + 5 if wait_s is None else wait_s)
+        expected = {stacks / f"{b.role}_{b.role_rank}.txt" for b in answering}
+        while time.monotonic() < deadline and not all(p.exists() for p in expected):
+            time.sleep(0.2)
+        time.sleep(0.5)  # let the last writers finish their files
+        return sorted(p for p in expected if p.exists())
+
+    def report(self, stuck: list[Stuck], stacks: list[Path]) -> str:
+        """Write ``RUN/hang/report.txt`` (and ``report.json``); the message to print."""
+        lines = [f"[hetrl] HANG: no progress within monitor.hang_timeout_s={self.timeout_s:g} s; stuck:"]
+        lines += [f"  - {s}" for s in stuck]
+        lines.append(f"  Python stacks of the {len(stacks)} rank(s) still answering: {self.dir / 'stacks'}/")
+        text = "\n".join(lines)
+        (self.dir / "report.txt").write_text(text + "\n")
+        (self.dir / "report.json").write_text(json.dumps({"timeout_s": self.timeout_s, "time": time.time(),
+                                                          "stuck": [asdict(s) for s in stuck],
+                                                          "stacks": [str(p) for p in stacks]}, indent=1))
+        return text
+
+
+def watchdog_for(run_dir: Path, plan: Any, timeout_s: float) -> Watchdog:
+    """The watchdog of the job ``plan`` (a hetrl.launch.plan.Plan) running in ``run_dir``."""
+    ranks = {a.world_rank: f"{a.role}[{a.role_rank}]" for a in plan.assignments}
+    return Watchdog(run_dir, ranks, plan.ranks_of("orchestrator")[0], timeout_s)
+
+
+def handle_hang(watchdog: Watchdog, stuck: list[Stuck]) -> str:
+    """Stacks, report, message: everything but ending the job, which is the caller's."""
+    message = watchdog.report(stuck, watchdog.collect_stacks())
+    print(message, flush=True)
+    return message

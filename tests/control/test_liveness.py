@@ -1,0 +1,99 @@
+"""The liveness watchdog's judgement, on beat records written by real beacons (no MPI job)."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hetrl.control import liveness
+from hetrl.control.liveness import Beacon, Watchdog
+from hetrl.launch.watchdog import record_restart
+
+RANKS = {0: "trainer[0]", 1: "rollout[0]", 2: "orchestrator[0]"}
+TIMEOUT_S = 60.0
+
+
+def _write(run_dir: Path, rank: int, role: str, *, beat_age: float, progress_age: float, state: str, activity: str = "x") -> None:
+    beacon = Beacon(run_dir, rank, role, 0, beat_s=1.0)
+    now = time.time()
+    beacon.record.progress, beacon.record.state, beacon.record.activity = now - progress_age, state, activity
+    beacon._write()
+    record = json.loads(beacon.path.read_text())
+    record["beat"] = now - beat_age  # as if the beacon last wrote then
+    beacon.path.write_text(json.dumps(record))
+
+
+@pytest.fixture
+def watchdog(tmp_path) -> Watchdog:
+    dog = Watchdog(tmp_path, RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)
+    dog.started -= 1000  # the job started long ago: records of any age are this job's
+    return dog
+
+
+def test_a_live_job_is_not_stuck(tmp_path, watchdog):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=5, state="busy", activity="training step 3")
+    _write(tmp_path, 1, "rollout", beat_age=1, progress_age=500, state="idle")  # idle however long: not stuck
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=5, state="idle")
+    assert watchdog.check() == []
+
+
+def test_a_rank_that_stopped_answering_is_named_first(tmp_path, watchdog):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=100, state="busy", activity="pushing weights v8 to the engines")
+    _write(tmp_path, 1, "rollout", beat_age=90, progress_age=95, state="idle", activity="waiting for episodes")
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=2, state="idle")
+    stuck = watchdog.check()
+    assert [s.rank for s in stuck] == [1, 0]
+    assert "stopped answering" in stuck[0].why and "rollout[0]" in stuck[0].label
+    assert "no progress for 100 s" in stuck[1].why and stuck[1].activity == "pushing weights v8 to the engines"
+
+
+def test_a_busy_rank_without_progress_is_stuck_and_an_exited_one_is_not(tmp_path, watchdog):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=61, state="busy", activity="TrainWork (holding v3)")
+    _write(tmp_path, 1, "rollout", beat_age=500, progress_age=500, state="exited")
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=1, state="idle")
+    assert [(s.rank, s.activity) for s in watchdog.check()] == [(0, "TrainWork (holding v3)")]
+
+
+def test_a_job_where_every_rank_idles_names_the_orchestrator(tmp_path, watchdog):
+    for rank, role in ((0, "trainer"), (1, "rollout")):
+        _write(tmp_path, rank, role, beat_age=1, progress_age=70, state="idle")
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=65, state="idle", activity="waiting for the trainer's step 4")
+    stuck = watchdog.check()
+    assert [s.rank for s in stuck] == [2] and "every rank has been idle" in stuck[0].why
+    assert stuck[0].activity == "waiting for the trainer's step 4"
+
+
+def test_a_rank_that_never_started_is_named_after_the_timeout(tmp_path):
+    dog = Watchdog(tmp_path, RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)
+    assert dog.check() == []  # just launched
+    assert [s.rank for s in dog.check(now=time.time() + TIMEOUT_S + 1)] == [0, 1, 2]
+
+
+def test_records_of_a_previous_job_in_the_run_dir_are_ignored(tmp_path):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=1, state="busy")
+    time.sleep(1.1)
+    dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=TIMEOUT_S)
+    assert dog._beats() == {}
+
+
+def test_stacks_and_report_of_a_hang(tmp_path):
+    """A live beacon answers the dump request with this process's stacks; the report names the rank."""
+    beacon = liveness.start_beacon(tmp_path, 0, "trainer", 0, timeout_s=10)  # beats every second
+    try:
+        liveness.busy("pushing weights v8 to the engines")
+        dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10)
+        stuck = dog.check(now=time.time() + 11)
+        assert [s.rank for s in stuck] == [0]
+        message = liveness.handle_hang(dog, stuck)
+    finally:
+        liveness.stop_beacon()
+    stacks = (tmp_path / "hang" / "stacks" / "trainer_0.txt").read_text()
+    assert "pushing weights v8" in stacks and "test_stacks_and_report_of_a_hang" in stacks
+    assert "trainer[0]" in message and (tmp_path / "hang" / "report.txt").read_text().strip() == message
+    assert json.loads(beacon.path.read_text())["state"] == "exited"
+
+
+def test_hang_restarts_are_capped(tmp_path):
+    (tmp_path / "hang").mkdir()
+    assert [record_restart(tmp_path, 2) for _ in range(3)] == [True, True, False]
