@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,13 +46,17 @@ SCHEDULES = {
 def run(schedule: str, out: Path) -> list[dict]:
     cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}",
            *WORKLOAD, *SCHEDULES[schedule]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                              timeout=RUN_TIMEOUT_S)
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the launcher kills its whole job on a second signal
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate()
         raise SystemExit(f"{schedule} run did not finish within {RUN_TIMEOUT_S} s; see {out / schedule}") from None
     if proc.returncode != 0:
-        raise SystemExit(f"{schedule} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{schedule} run failed:\n{output[-4000:]}")
     return [json.loads(line) for line in (out / schedule / "metrics.jsonl").read_text().splitlines()]
 
 

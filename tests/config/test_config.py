@@ -152,3 +152,12 @@ def test_weight_sync_buckets_default_by_device():
     assert RolloutConfig().weight_sync_bucket_bytes(on_gpu=False) == 16 << 20  # gloo reuses buffers this size
     assert RolloutConfig().weight_sync_bucket_bytes(on_gpu=True) == 256 << 20
     assert RolloutConfig(weight_sync_bucket_mb=64).weight_sync_bucket_bytes(on_gpu=False) == 64 << 20
+
+
+def test_a_run_dir_written_with_the_removed_stalled_role_guard_still_validates():
+    """monitor.guards.stalled_role gave way to the liveness watchdog; older run dirs must still resume."""
+    from hetrl.config.monitor import MonitorConfig
+
+    with pytest.warns(DeprecationWarning, match="liveness watchdog"):
+        cfg = MonitorConfig.model_validate({"guards": {"stalled_role": {"timeout_s": 900.0}}})
+    assert "stalled_role" not in cfg.guards.model_dump()

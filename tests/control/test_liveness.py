@@ -1,5 +1,6 @@
 """The liveness watchdog's judgement, on beat records written by real beacons (no MPI job)."""
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -15,12 +16,11 @@ TIMEOUT_S = 60.0
 
 
 def _write(run_dir: Path, rank: int, role: str, *, beat_age: float, progress_age: float, state: str, activity: str = "x") -> None:
+    """A record as a beacon of ``rank`` would have left it."""
     beacon = Beacon(run_dir, rank, role, 0, beat_s=1.0)
     now = time.time()
-    beacon.record.progress, beacon.record.state, beacon.record.activity = now - progress_age, state, activity
-    beacon._write()
-    record = json.loads(beacon.path.read_text())
-    record["beat"] = now - beat_age  # as if the beacon last wrote then
+    record = {**json.loads(json.dumps(beacon.record.__dict__)), "beat": now - beat_age, "progress": now - progress_age,
+              "state": state, "activity": activity}
     beacon.path.write_text(json.dumps(record))
 
 
@@ -65,9 +65,37 @@ def test_a_job_where_every_rank_idles_names_the_orchestrator(tmp_path, watchdog)
 
 
 def test_a_rank_that_never_started_is_named_after_the_timeout(tmp_path):
-    dog = Watchdog(tmp_path, RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)
+    dog = Watchdog(tmp_path / "fresh_run", RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)  # no rank made RUN/hang/
     assert dog.check() == []  # just launched
-    assert [s.rank for s in dog.check(now=time.time() + TIMEOUT_S + 1)] == [0, 1, 2]
+    dog.started -= TIMEOUT_S + 1
+    stuck = dog.check()
+    assert [s.rank for s in stuck] == [0, 1, 2] and "never started" in stuck[0].why
+    liveness.handle_hang(dog, stuck)  # nobody to ask for stacks: still a report
+    assert (tmp_path / "fresh_run" / "hang" / "report.txt").exists()
+
+
+def test_a_job_that_does_not_end_after_its_orchestrator_finished_is_stuck_at_exit(tmp_path, watchdog):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=1, state="busy", activity="in MPI_Finalize")
+    _write(tmp_path, 1, "rollout", beat_age=70, progress_age=70, state="exited")
+    _write(tmp_path, 2, "orchestrator", beat_age=30, progress_age=30, state="exited")
+    assert watchdog.check() == []  # within the exit grace
+    _write(tmp_path, 2, "orchestrator", beat_age=61, progress_age=61, state="exited")
+    assert [(s.rank, s.at_exit) for s in watchdog.check()] == [(0, True)]
+
+
+def test_waiting_on_is_not_progress(tmp_path):
+    """A polling loop says idle every round; only going idle (or a new wait) counts as progress."""
+    liveness.start_beacon(tmp_path, 0, "rollout", 0, timeout_s=10)
+    try:
+        liveness.idle("waiting for episodes")
+        went_idle = liveness._beacon.record.progress
+        time.sleep(0.01)
+        liveness.idle("waiting for episodes")
+        assert liveness._beacon.record.progress == went_idle
+        liveness.idle("waiting for weights")
+        assert liveness._beacon.record.progress > went_idle
+    finally:
+        liveness.stop_beacon()
 
 
 def test_records_of_a_previous_job_in_the_run_dir_are_ignored(tmp_path):
@@ -82,8 +110,12 @@ def test_stacks_and_report_of_a_hang(tmp_path):
     beacon = liveness.start_beacon(tmp_path, 0, "trainer", 0, timeout_s=10)  # beats every second
     try:
         liveness.busy("pushing weights v8 to the engines")
+        record = liveness._beacon.record
+        liveness._beacon.record = dataclasses.replace(record, progress=record.progress - 11)  # busy for 11 s
+        time.sleep(1.5)  # the next beat writes it
         dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10)
-        stuck = dog.check(now=time.time() + 11)
+        dog.started -= 100
+        stuck = dog.check()
         assert [s.rank for s in stuck] == [0]
         message = liveness.handle_hang(dog, stuck)
     finally:
@@ -94,6 +126,8 @@ def test_stacks_and_report_of_a_hang(tmp_path):
     assert json.loads(beacon.path.read_text())["state"] == "exited"
 
 
-def test_hang_restarts_are_capped(tmp_path):
+def test_hang_restarts_are_capped_unless_the_run_got_further(tmp_path):
     (tmp_path / "hang").mkdir()
+    assert [record_restart(tmp_path, 2) for _ in range(3)] == [True, True, False]  # a deterministic hang
+    (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)  # progress since: the count starts again
     assert [record_restart(tmp_path, 2) for _ in range(3)] == [True, True, False]

@@ -173,7 +173,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(runs_root: Path) -> None
 def test_hung_job_is_killed_named_requeued_and_resumes(runs_root: Path) -> None:
     """A reward rank frozen (SIGSTOP) mid-RL: the watchdog beside srun names it, saves the other
     ranks' stacks, kills the step, and the script requeues the job, which resumes from its last
-    checkpoint and completes. A second hang would exceed monitor.hang_restarts=1 and not requeue."""
+    checkpoint and completes."""
     run_dir = submit(runs_root, "hung", *SHORT[1:], "run.steps=12", "checkpoint.every=1", "monitor.hang_timeout_s=45",
                      "monitor.hang_restarts=1")
     job_id = slurm.job_id_of(run_dir)
@@ -193,4 +193,4 @@ def test_hung_job_is_killed_named_requeued_and_resumes(runs_root: Path) -> None:
     assert "[hetrl] HANG" in text and f"the job hung (see {run_dir}/hang/report.txt); requeueing job {job_id}" in text
     assert (run_dir / "hang" / "stacks" / "orchestrator_0.txt").exists()
     assert re.search(r"\[hetrl\] resumed from \S+: policy v\d+, 3 warm-start and \d+ RL steps done", text), text
-    assert (run_dir / "hang" / "restarts").read_text().strip() == "1"
+    assert (run_dir / "hang" / "restarts").read_text().startswith("1 step_")  # one hang, after that checkpoint

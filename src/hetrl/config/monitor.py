@@ -7,9 +7,10 @@ watch (see docs/metrics.md).
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hetrl.config.base import Section
 
@@ -65,6 +66,17 @@ class GuardsConfig(Section):
     entropy_collapse: EntropyCollapseGuard = Field(default_factory=EntropyCollapseGuard, description="Entropy under a floor.")
     mismatch_spike: MismatchSpikeGuard = Field(default_factory=MismatchSpikeGuard, description="Engine vs trainer log-prob drift.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_stalled_role(cls, data: Any) -> Any:
+        """``stalled_role`` was replaced by the liveness watchdog (``monitor.hang_timeout_s``). Run
+        directories written before still carry it in their config.yaml, and must still resume."""
+        if isinstance(data, dict) and "stalled_role" in data:
+            warnings.warn("monitor.guards.stalled_role is gone: hangs are the liveness watchdog's (monitor.hang_timeout_s, "
+                          "docs/hangs.md); the key is ignored", DeprecationWarning, stacklevel=2)
+            data = {key: value for key, value in data.items() if key != "stalled_role"}
+        return data
+
 
 class MonitorConfig(Section):
     console: bool = Field(True, description="Show progress on the console: a live rich view on a TTY, one plain line per step otherwise.")
@@ -85,5 +97,5 @@ class MonitorConfig(Section):
                     "(engine start, one optimizer step, a checkpoint save, a weight push).",
     )
     hang_restarts: int = Field(
-        2, ge=0, description="Under Slurm: requeues after a hang, at most; a hang that comes back after that many is not requeued again."
+        2, ge=0, description="Under Slurm: requeues after hangs in a row (with no newer checkpoint between them), at most; a hang that keeps coming back is deterministic and is not requeued again."
     )

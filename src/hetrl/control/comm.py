@@ -135,10 +135,10 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
     from mpi4py import MPI
 
     _progress_sends()
-    src = MPI.ANY_SOURCE if source is None else source
-    tg = MPI.ANY_TAG if tag is None else int(tag)
     status = MPI.Status()
-    while (message := comm.improbe(source=src, tag=tg, status=status)) is not None:
+    # Everything that arrived, whoever sent it: a sender waiting for its message to complete
+    # must not depend on what this rank happens to be waiting for.
+    while (message := comm.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)) is not None:
         _inbox.append(_Incoming(comm, message.irecv(), status.Get_source(), status.Get_tag()))
     still_arriving: set[tuple[int, int]] = set()
     for item in _inbox:

@@ -3,29 +3,34 @@
 No hang is silent. Each rank runs a :class:`Beacon`, a daemon thread that every ``beat_s`` seconds
 rewrites ``RUN/hang/beats/rank_<world rank>.json`` with what its main loop last reported:
 
-* :func:`busy` ("training step 8"): the rank holds work and must make progress;
+* :func:`busy` ("RL step 8 (v8 -> v9)"): the rank holds work and must make progress;
 * :func:`tick`: it did (a decoding step, a scored sample, a received result);
-* :func:`idle` ("waiting for work"): nothing to do; no progress is expected of it.
+* :func:`idle` ("waiting for work"): nothing to do; no progress is expected of it (going idle,
+  or waiting for something else, counts as progress; waiting on does not).
 
 The thread does not depend on the main loop, so its record tells two failures apart: a rank whose
 beat is older than the timeout stopped answering (frozen, SIGSTOPped, stuck in a C call that holds
 the GIL, its node gone); a rank whose beat is fresh but which has been ``busy`` without a tick for
 longer than the timeout makes no progress (a deadlock in a collective, a wait that never ends). If
-every rank is idle and nothing ticked for the timeout, the job as a whole waits on something that
-will not come (a lost message): the orchestrator, which drives everything, is named.
+every rank is idle and nothing moved for the timeout, the job as a whole waits on something that
+will not come (a lost message): the orchestrator, which drives everything, is named. And once the
+orchestrator has finished, the job must end within :data:`EXIT_GRACE_S` (a rank hung in its
+interpreter's exit, say in ``MPI_Finalize``, would otherwise hold the allocation).
 
 The :class:`Watchdog` reads the records (it runs in the local launcher, or beside ``srun`` in the
 batch script: outside the ranks it judges). On a hang it asks every rank that still answers for its
 Python stacks (``RUN/hang/dump-request``; each beacon writes ``RUN/hang/stacks/<role>_<n>.txt``),
 writes ``RUN/hang/report.txt`` naming the stuck ranks, their role and what they were last doing,
 and its caller ends the job. The beat files are overwritten in place, one small write per rank per
-beat: at 10,000 ranks and a 30 s beat that is ~330 writes/s to the shared file system.
+beat: at 10,000 ranks and a 15 s beat that is ~670 writes/s to the shared file system.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import json
+import logging
 import os
 import shutil
 import socket
@@ -35,10 +40,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
 HANG_DIR = "hang"
 #: Exit code of a job the watchdog ended (the requeue code is 3, see hetrl.launch.sbatch).
 HANG_EXIT_CODE = 4
 BUSY, IDLE, EXITED = "busy", "idle", "exited"
+EXIT_GRACE_S = 60.0  # how long a job may take to end once its orchestrator has finished
 
 
 def hang_dir(run_dir: Path) -> Path:
@@ -46,11 +53,12 @@ def hang_dir(run_dir: Path) -> Path:
 
 
 def beat_period_s(timeout_s: float) -> float:
-    """How often ranks beat and the watchdog looks: a twentieth of the timeout, within 1-30 s."""
-    return min(30.0, max(1.0, timeout_s / 20))
+    """How often ranks beat and the watchdog looks: a twentieth of the timeout, within 1-15 s
+    (a hang is reported within the timeout plus about two beats and the stacks' collection)."""
+    return min(15.0, max(1.0, timeout_s / 20))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Beat:
     """One rank's record, as its beacon last wrote it (times are wall-clock seconds)."""
 
@@ -90,16 +98,20 @@ class Beacon:
         """The rank is done: its record says so, and the watchdog stops expecting beats."""
         self._stop.set()
         self._thread.join(timeout=self.beat_s + 5)
-        self.record.state, self.record.activity = EXITED, "exited"
+        self.record = dataclasses.replace(self.record, state=EXITED, activity="exited")
         self._write()
 
     def _run(self) -> None:
         while not self._stop.wait(self.beat_s):
-            self._write()
-            self._answer_dump_request()
+            try:
+                self._write()
+                self._answer_dump_request()
+            except OSError as error:  # a shared file system's hiccup must not silence the beacon for good
+                logger.warning("liveness beacon could not write its record: %s", error)
 
     def _write(self) -> None:
-        self.record.beat = time.time()
+        # The main thread replaces the record whole (never edits it), so this one reads one state.
+        self.record = dataclasses.replace(self.record, beat=time.time())
         text = json.dumps(asdict(self.record))
         # Overwritten in place (no rename: one data write, no metadata traffic on a parallel FS).
         with open(self.path, "w") as f:
@@ -147,20 +159,24 @@ def busy(activity: str) -> None:
 
 
 def idle(activity: str) -> None:
-    """This rank waits for work (``activity`` says on what); no progress is expected of it."""
-    _report(IDLE, activity)
+    """This rank waits for work (``activity`` says on what); no progress is expected of it.
+
+    Going idle is progress; saying so again while the wait goes on is not (a polling loop calls
+    this every round, and a job whose ranks all wait must still be seen to stand still).
+    """
+    if _beacon is not None and (_beacon.record.state, _beacon.record.activity) != (IDLE, activity):
+        _report(IDLE, activity)
 
 
 def tick() -> None:
     """This rank made progress. Cheap: call it per decoding step, per scored sample."""
     if _beacon is not None:
-        _beacon.record.progress = time.time()
+        _beacon.record = dataclasses.replace(_beacon.record, progress=time.time())
 
 
 def _report(state: str, activity: str) -> None:
     if _beacon is not None:
-        record = _beacon.record
-        record.state, record.activity, record.progress = state, activity, time.time()
+        _beacon.record = dataclasses.replace(_beacon.record, state=state, activity=activity, progress=time.time())
 
 
 @dataclass(frozen=True)
@@ -169,6 +185,7 @@ class Stuck:
     label: str
     why: str
     activity: str
+    at_exit: bool = False  # the run had finished; only the processes' exit hung
 
     def __str__(self) -> str:
         return f"{self.label}: {self.why}; last doing: {self.activity}"
@@ -180,6 +197,7 @@ class Watchdog:
     def __init__(self, run_dir: Path, ranks: dict[int, str], orchestrator_rank: int, timeout_s: float) -> None:
         """``ranks`` maps every world rank to its label (``role[n]``), for ranks that never beat."""
         self.dir = hang_dir(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)  # no rank may have got far enough to make it
         self.ranks, self.orchestrator_rank, self.timeout_s = ranks, orchestrator_rank, timeout_s
         self.started = time.time()
         self.poll_s = beat_period_s(timeout_s)
@@ -197,10 +215,17 @@ class Watchdog:
                 self._last[rank] = beat
         return dict(self._last)
 
-    def check(self, now: float | None = None) -> list[Stuck]:
+    def check(self) -> list[Stuck]:
         """The stuck ranks (empty while the job is live), those that stopped answering first."""
-        now = time.time() if now is None else now
+        now = time.time()
         beats = self._beats()
+        orchestrator = beats.get(self.orchestrator_rank)
+        if orchestrator is not None and orchestrator.state == EXITED:
+            if now - orchestrator.beat <= EXIT_GRACE_S:
+                return []
+            left = [b for b in beats.values() if b.state != EXITED] or list(beats.values())
+            return [Stuck(b.rank, b.label, f"the job has not ended {now - orchestrator.beat:.0f} s after the orchestrator finished",
+                          f"{b.state}: {b.activity}", at_exit=True) for b in left]
         silent, stalled = [], []
         for rank, label in self.ranks.items():
             beat = beats.get(rank)
@@ -227,16 +252,18 @@ class Watchdog:
                               orchestrator.activity)]
         return []
 
-    def collect_stacks(self, wait_s: float | None = None) -> list[Path]:
+    def collect_stacks(self) -> list[Path]:
         """Ask every answering rank for its stacks and wait (bounded) for them; the files written."""
         stacks = self.dir / "stacks"
-        earlier = self.dir / f"earlier-{int(self.started)}"
-        if stacks.exists():  # a previous hang of this run: keep its evidence beside
+        previous = [path for path in (stacks, self.dir / "report.txt", self.dir / "report.json") if path.exists()]
+        if previous:  # a previous hang of this run: keep its evidence beside
+            earlier = self.dir / f"earlier-{int(self.started)}"
             earlier.mkdir(exist_ok=True)
-            shutil.move(str(stacks), earlier / "stacks")
+            for path in previous:
+                shutil.move(str(path), earlier / path.name)
         (self.dir / "dump-request").write_text(f"{time.time():.3f}")
         answering = [b for b in self._beats().values() if b.state != EXITED and time.time() - b.beat <= self.timeout_s]
-        deadline = time.monotonic() + (2 * self.poll_s + 5 if wait_s is None else wait_s)
+        deadline = time.monotonic() + self.poll_s + 5  # every beacon looks for the request once per beat
         expected = {stacks / f"{b.role}_{b.role_rank}.txt" for b in answering}
         while time.monotonic() < deadline and not all(p.exists() for p in expected):
             time.sleep(0.2)
@@ -263,7 +290,13 @@ def watchdog_for(run_dir: Path, plan: Any, timeout_s: float) -> Watchdog:
 
 
 def handle_hang(watchdog: Watchdog, stuck: list[Stuck]) -> str:
-    """Stacks, report, message: everything but ending the job, which is the caller's."""
-    message = watchdog.report(stuck, watchdog.collect_stacks())
+    """Stacks, report, message: everything but ending the job, which is the caller's (and must
+    happen even if this raises)."""
+    try:
+        stacks = watchdog.collect_stacks()
+    except OSError as error:
+        print(f"[hetrl] could not collect the ranks' stacks: {error}", flush=True)
+        stacks = []
+    message = watchdog.report(stuck, stacks)
     print(message, flush=True)
     return message

@@ -71,7 +71,8 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     a requeue (its marker in the run directory decides, not mpiexec's code: mpiexec kills a rank
     still in its interpreter's exit once the orchestrator has exited non-zero, and reports that),
     else its own code (128 + the signal for a non-zero one after a signal). A job the liveness
-    watchdog found hung returns :data:`hetrl.control.liveness.HANG_EXIT_CODE` (no requeue locally).
+    watchdog found hung returns :data:`hetrl.control.liveness.HANG_EXIT_CODE` (no requeue locally),
+    or 0 if the run had finished and only the processes' exit hung.
     """
     from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
@@ -95,7 +96,7 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     try:
         while True:
             try:
-                code = proc.wait(timeout=watchdog.poll_s)
+                code = proc.wait(timeout=min(watchdog.poll_s, max(0.0, kill_at[0] - time.monotonic())) if received else watchdog.poll_s)
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -104,10 +105,13 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
                     _kill_job(proc)
                     killed = True
             elif stuck := watchdog.check():
-                liveness.handle_hang(watchdog, stuck)
-                _kill_job(proc)
+                try:
+                    liveness.handle_hang(watchdog, stuck)
+                finally:
+                    _kill_job(proc)
                 proc.wait()
-                return liveness.HANG_EXIT_CODE
+                finished = all(s.at_exit for s in stuck) and (Path(run_dir) / "summary.json").exists()
+                return 0 if finished else liveness.HANG_EXIT_CODE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

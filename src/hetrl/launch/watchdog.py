@@ -2,8 +2,8 @@
 
 It watches the job step's ranks (see :mod:`hetrl.control.liveness`) while the step runs. On a
 hang it collects the stacks, writes ``RUN/hang/report.txt``, decides whether the run may be
-restarted (at most ``monitor.hang_restarts`` times: a deterministic hang must not loop until the
-allocation's walltime), writes :data:`REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
+restarted (at most ``monitor.hang_restarts`` times in a row without a newer checkpoint: a
+deterministic hang must not loop until the allocation's walltime), writes :data:`REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
 batch script then requeues the job, which resumes from its last checkpoint, as after a pre-emption.
 """
 
@@ -22,14 +22,22 @@ from hetrl.control import liveness
 
 # In RUN/hang/: written when the hung job may be requeued (the batch script requeues and removes it).
 REQUEUE_AFTER_HANG = "requeue"
-RESTARTS_FILE = "restarts"  # in RUN/hang/: hangs handled so far in this run
+RESTARTS_FILE = "restarts"  # in RUN/hang/: hangs in a row, and the latest checkpoint when the last one came
 
 
 def record_restart(run_dir: Path, max_restarts: int) -> bool:
-    """Count one more hang of this run; whether it may still be requeued."""
+    """Count one more hang of this run; whether it may still be requeued.
+
+    Hangs count in a row: one after a newer checkpoint than the previous hang's starts the count
+    again, so a long run survives many unrelated hangs, and a deterministic one (it recurs before
+    the run gets any further) is requeued at most ``max_restarts`` times.
+    """
     counter = liveness.hang_dir(run_dir) / RESTARTS_FILE
-    hangs = int(counter.read_text()) + 1 if counter.exists() else 1
-    counter.write_text(f"{hangs}\n")
+    checkpoints = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*"))
+    latest = checkpoints[-1] if checkpoints else "none"
+    count, since = counter.read_text().split() if counter.exists() else ("0", latest)
+    hangs = int(count) + 1 if since == latest else 1
+    counter.write_text(f"{hangs} {latest}\n")
     return hangs <= max_restarts
 
 
@@ -73,12 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         stuck = watchdog.check()
         if not stuck:
             continue
-        liveness.handle_hang(watchdog, stuck)
-        if record_restart(args.run_dir, cfg.monitor.hang_restarts):
-            (liveness.hang_dir(args.run_dir) / REQUEUE_AFTER_HANG).write_text("\n")
-        else:
-            print(f"[hetrl] the run hung more than monitor.hang_restarts={cfg.monitor.hang_restarts} time(s): not requeued", flush=True)
-        _kill_step(args.step_pid)
+        try:
+            liveness.handle_hang(watchdog, stuck)
+            if all(s.at_exit for s in stuck) and (args.run_dir / "summary.json").exists():
+                print("[hetrl] the run had finished; only its exit hung: not requeued", flush=True)
+            elif record_restart(args.run_dir, cfg.monitor.hang_restarts):
+                (liveness.hang_dir(args.run_dir) / REQUEUE_AFTER_HANG).write_text("\n")
+            else:
+                print(f"[hetrl] the run hung {cfg.monitor.hang_restarts + 1} times in a row without a new checkpoint: not requeued",
+                      flush=True)
+        finally:
+            _kill_step(args.step_pid)
         return liveness.HANG_EXIT_CODE
     return 0
 

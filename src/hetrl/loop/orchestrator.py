@@ -170,8 +170,9 @@ class Orchestrator:
         """Handle one incoming result (waiting up to ``timeout_s``, sleeping, not spinning).
 
         The wait is sliced so the monitor redraws the console meanwhile. The orchestrator counts as idle
-        while it waits (``waiting_for`` says on what) and each result as its progress: if the whole
-        job stops moving, the liveness watchdog names what the orchestrator was waiting for.
+        while it waits (``waiting_for`` says on what), and as busy from a result on: if the whole job
+        stops moving, the liveness watchdog names what it was waiting for; if the orchestrator itself
+        stops between two waits, it is named as stuck.
         """
         liveness.idle(f"waiting for {waiting_for}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -186,7 +187,7 @@ class Orchestrator:
             if self.monitor is not None:
                 self.monitor.poll()
             self._check_push_deadline()
-        liveness.tick()
+        liveness.busy(f"handling a result, then on with the loop (was waiting for {waiting_for})")
         if isinstance(message, RolloutDone):
             self._on_rollout(message, source)
         elif isinstance(message, RewardDone):
@@ -197,7 +198,8 @@ class Orchestrator:
             self._on_push_refused(message, source)
         elif isinstance(message, ServingWeights):
             self.serving[source] = max(self.serving[source], message.version)
-            self._push_pending.discard(source)
+            if message.version >= self.version:  # not a late answer to an older push
+                self._push_pending.discard(source)
         elif isinstance(message, PushFailed):
             self._on_push_failed(message)
         else:

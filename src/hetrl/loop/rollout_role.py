@@ -30,7 +30,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
-from hetrl.control.comm import RoleContext, Tag, flush_sends, poll, send
+from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
@@ -123,7 +123,6 @@ class RolloutWorker:
     def _sync_weights(self, message: SyncWeights) -> None:
         """Take part in the push, then serve it; a refused push is reported, and the old version served."""
         staged = None
-        flush_sends()  # the push makes no MPI progress: samples sent to the orchestrator must not wait on it
         liveness.busy(f"receiving weights v{message.version} (serving v{self.engine.version})")
         try:
             staged = self.receiver.receive(message.version, message.attempt)
@@ -218,7 +217,6 @@ class RolloutWorker:
         if self.env_client:
             self.env_client.close()
         self.engine.shutdown()
-
 
     def _report_liveness(self, moved: bool) -> None:
         """Busy while it holds episodes (a decoding step or an env answer is progress), else idle."""

@@ -37,6 +37,7 @@ from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import Checkpoint, CheckpointDone, PushFailed, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
 from hetrl.monitor import names
+from hetrl.transport.weights import WeightStreamBroken
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
         if isinstance(message, Shutdown):
             return
-        liveness.busy(f"{type(message).__name__} (holding v{version})")
+        liveness.busy(_activity(message, version))
         if isinstance(message, Checkpoint):
             path = _save(trainer, cfg, run_dir, message, version)
             _reply(ctx, sender, CheckpointDone(str(path)))
@@ -134,6 +135,17 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
         with clock.timing("weight_sync"):
             _push_weights(ctx, trainer, cfg, sender, version)
         rigged.after_push(trainer)
+
+
+def _activity(message: Any, version: int) -> str:
+    """What the trainer is doing with ``message``, for the liveness watchdog's report."""
+    if isinstance(message, TrainWork):
+        return f"{'warm-start' if message.supervised else 'RL'} step {message.step} (v{version} -> v{version + 1})"
+    if isinstance(message, Checkpoint):
+        return f"saving the checkpoint of v{version}"
+    if isinstance(message, Restore):
+        return f"restoring {message.path}"
+    return f"{type(message).__name__} (holding v{version})"
 
 
 class _Clock:
@@ -235,10 +247,9 @@ def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any 
     else:
         try:
             sender.send(buckets, version, attempt)
-        except RuntimeError as error:  # gloo/NCCL timeouts and lost peers; the group cannot carry another push
-            logger.error("weight push v%d broke off: %s", version, error)
-            send(ctx.world, PushFailed(version, attempt, str(error).splitlines()[0] if str(error) else repr(error)),
-                 ctx.orchestrator_rank, Tag.RESULT)
+        except WeightStreamBroken as error:  # a timeout or a lost engine; the group cannot carry another push
+            logger.error("%s", error)
+            send(ctx.world, PushFailed(version, attempt, str(error.__cause__ or error).splitlines()[0]), ctx.orchestrator_rank, Tag.RESULT)
             flush_sends()
             return
     liveness.tick()

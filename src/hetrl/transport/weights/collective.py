@@ -124,14 +124,21 @@ class CollectiveWeightSender(WeightSender):
             if packed is None:
                 break
             num_bytes += self._send_bucket(*packed, version)
-        send_message(self.group, END, {"version": version})
+        self._send(END, {"version": version})
         return num_bytes
 
     def _send_bucket(self, metas: list[TensorMeta], payload: torch.Tensor, version: int) -> int:
         """Send one packed bucket; the number of payload bytes."""
         meta = {"version": version, "tensors": [asdict(m) for m in metas]}
-        send_message(self.group, BUCKET, meta, payload.to(self.group.device))
+        self._send(BUCKET, meta, payload.to(self.group.device))
         return payload.numel()
+
+    def _send(self, kind: int, meta: dict, payload: torch.Tensor | None = None) -> None:
+        """One message of a push; a transport failure (a timeout, a lost engine) is :class:`WeightStreamBroken`."""
+        try:
+            send_message(self.group, kind, meta, payload)
+        except RuntimeError as error:  # gloo and NCCL raise plain RuntimeErrors
+            raise WeightStreamBroken(f"weight push v{meta['version']} broke off: {error}") from error
 
 
 class CollectiveWeightReceiver(WeightReceiver):
