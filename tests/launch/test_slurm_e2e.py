@@ -185,6 +185,7 @@ def test_hung_job_is_killed_named_requeued_and_resumes(runs_root: Path) -> None:
     assert reward["role"] == "reward", reward
     os.kill(reward["pid"], signal.SIGSTOP)
     wait_for(lambda: slurm.status(run_dir).restarts >= 1, 45 + 180, "the watchdog's requeue")
+    assert not Path(f"/proc/{reward['pid']}").exists(), "the frozen rank outlived its step"
     final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=2)
     text = slurm.logs(run_dir, tail_lines=None)
     assert final.state == "COMPLETED" and final.restarts == 1, text
