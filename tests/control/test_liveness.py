@@ -99,8 +99,7 @@ def test_waiting_on_is_not_progress(tmp_path):
 
 
 def test_records_of_a_previous_job_in_the_run_dir_are_ignored(tmp_path):
-    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=1, state="busy")
-    time.sleep(1.1)
+    _write(tmp_path, 0, "trainer", beat_age=5, progress_age=5, state="busy")  # written before this job started
     dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=TIMEOUT_S)
     assert dog._beats() == {}
 
@@ -112,7 +111,7 @@ def test_stacks_and_report_of_a_hang(tmp_path):
         liveness.busy("pushing weights v8 to the engines")
         record = liveness._beacon.record
         liveness._beacon.record = dataclasses.replace(record, progress=record.progress - 11)  # busy for 11 s
-        time.sleep(1.5)  # the next beat writes it
+        beacon._write()  # as its next beat does
         dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10)
         dog.started -= 100
         stuck = dog.check()

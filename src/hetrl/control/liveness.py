@@ -110,9 +110,9 @@ class Beacon:
                 logger.warning("liveness beacon could not write its record: %s", error)
 
     def _write(self) -> None:
-        # The main thread replaces the record whole (never edits it), so this one reads one state.
-        self.record = dataclasses.replace(self.record, beat=time.time())
-        text = json.dumps(asdict(self.record))
+        # The main thread replaces the record whole and this thread only reads it (once): a write
+        # back from here could undo a report the main thread made meanwhile.
+        text = json.dumps({**asdict(self.record), "beat": time.time()})
         # Overwritten in place (no rename: one data write, no metadata traffic on a parallel FS).
         with open(self.path, "w") as f:
             f.write(text)
@@ -287,6 +287,11 @@ def watchdog_for(run_dir: Path, plan: Any, timeout_s: float) -> Watchdog:
     """The watchdog of the job ``plan`` (a hetrl.launch.plan.Plan) running in ``run_dir``."""
     ranks = {a.world_rank: f"{a.role}[{a.role_rank}]" for a in plan.assignments}
     return Watchdog(run_dir, ranks, plan.ranks_of("orchestrator")[0], timeout_s)
+
+
+def run_had_finished(run_dir: Path, stuck: list[Stuck]) -> bool:
+    """Whether only the exit of a finished run hung (its summary is written): done, not to rerun."""
+    return all(s.at_exit for s in stuck) and (Path(run_dir) / "summary.json").exists()
 
 
 def handle_hang(watchdog: Watchdog, stuck: list[Stuck]) -> str:

@@ -110,8 +110,7 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
                 finally:
                     _kill_job(proc)
                 proc.wait()
-                finished = all(s.at_exit for s in stuck) and (Path(run_dir) / "summary.json").exists()
-                return 0 if finished else liveness.HANG_EXIT_CODE
+                return 0 if liveness.run_had_finished(run_dir, stuck) else liveness.HANG_EXIT_CODE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

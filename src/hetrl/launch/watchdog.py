@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             liveness.handle_hang(watchdog, stuck)
-            if all(s.at_exit for s in stuck) and (args.run_dir / "summary.json").exists():
+            if liveness.run_had_finished(args.run_dir, stuck):
                 print("[hetrl] the run had finished; only its exit hung: not requeued", flush=True)
             elif record_restart(args.run_dir, cfg.monitor.hang_restarts):
                 (liveness.hang_dir(args.run_dir) / REQUEUE_AFTER_HANG).write_text("\n")

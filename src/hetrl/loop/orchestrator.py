@@ -239,7 +239,8 @@ class Orchestrator:
     def _on_push_failed(self, message: PushFailed) -> None:
         """The trainer's push broke off: name the engines that had not taken it, and stop."""
         current = (message.version, message.attempt) == (self.version, self._push_attempt)
-        self._push_not_taken(f"broke off on the trainer: {message.reason}", self._push_pending if current else set())
+        self._push_not_taken(message.version, message.attempt, f"broke off on the trainer: {message.reason}",
+                             self._push_pending if current else set())
 
     def _check_push_deadline(self) -> None:
         """A push must be taken by every engine within ``rollout.weight_sync_timeout_s`` of being
@@ -247,11 +248,12 @@ class Orchestrator:
         alone cannot tell."""
         timeout_s = self.cfg.rollout.weight_sync_timeout_s
         if self._push_pending and time.monotonic() - self._push_announced > timeout_s:
-            self._push_not_taken(f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s", self._push_pending)
+            self._push_not_taken(self.version, self._push_attempt, f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s",
+                                 self._push_pending)
 
-    def _push_not_taken(self, what: str, pending: set[int]) -> None:
+    def _push_not_taken(self, version: int, attempt: int, what: str, pending: set[int]) -> None:
         who = ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(pending)) or "none known (every engine answered)"
-        raise RuntimeError(f"weight push v{self.version} (send {self._push_attempt + 1}) {what}. "
+        raise RuntimeError(f"weight push v{version} (send {attempt + 1}) {what}. "
                            f"Engines that did not take it: {who}. See their logs (RUN/logs/rollout_<n>.log)")
 
     def sync_engines(self, version: int, attempt: int = 0) -> None:
