@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from hetrl.config import load_config  # noqa: E402
-from hetrl.launch.plan import make_plan  # noqa: E402
+from hetrl.control.plan import make_plan  # noqa: E402
 from hetrl.launch.sbatch import render_sbatch  # noqa: E402
 
 REPEATS = 15

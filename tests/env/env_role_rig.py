@@ -22,7 +22,7 @@ from hetrl.env.registry import build_task_stream, env_factory
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import run_episode
 from hetrl.env.scripted import ScriptedPolicy
-from hetrl.launch.plan import Component, Plan, RankAssignment, RolloutLayout, TrainerLayout
+from hetrl.control.plan import Component, Plan, RankAssignment, RolloutLayout, TrainerLayout
 from hetrl.loop.env_role import EnvRoleClient, run_env
 from hetrl.models.tokenizer import build_char_tokenizer
 from hetrl.types import SamplingParams

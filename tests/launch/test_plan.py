@@ -3,7 +3,7 @@
 import pytest
 
 from hetrl.config import load_config
-from hetrl.launch.plan import Plan, PlanError, make_plan
+from hetrl.control.plan import Plan, PlanError, make_plan
 
 
 def plan_of(recipe, *overrides):

@@ -7,7 +7,7 @@ from test_plan import check_consistent, plan_of
 from hetrl.config import load_config
 from hetrl.launch import cli
 from hetrl.launch.local import mpiexec_command, threads_per_role
-from hetrl.launch.plan import Plan, make_plan
+from hetrl.control.plan import Plan, make_plan
 from hetrl.launch.sbatch import render_sbatch
 
 ROLE = ["env.placement=role"]

@@ -22,12 +22,13 @@ import pytest
 
 from hetrl.config import load_config
 from hetrl.config.cluster import ClusterConfig
-from hetrl.launch.plan import Component, make_plan
+from hetrl.control import rundir
+from hetrl.control.plan import Component, make_plan
+from hetrl.control.rundir import REQUEUE_EXIT_CODE
 from hetrl.launch.sbatch import (
     BLOCKS,
     COLOCATED_TEMPLATE,
     HETJOB_TEMPLATE,
-    REQUEUE_EXIT_CODE,
     fill_template,
     render_sbatch,
     write_sbatch,
@@ -143,6 +144,8 @@ def test_rendering_keeps_the_template_outside_its_blocks(template: Path, tmp_pat
     strip = re.compile(r"# >>> hetrl:(\w+)\n.*?# <<< hetrl:\1\n", re.DOTALL)
     assert strip.sub(r"[\1]", rendered) == strip.sub(r"[\1]", template.read_text())
     assert f"\nREQUEUE_EXIT_CODE={REQUEUE_EXIT_CODE}\n" in template.read_text()
+    for name in (rundir.PLAN, rundir.CONFIG, f"{rundir.HANG}/{rundir.REQUEUE_AFTER_HANG}"):  # the run-dir contract
+        assert f"-f {name} " in template.read_text(), name
     assert re.findall(r"^# >>> hetrl:(\w+)$", template.read_text(), re.MULTILINE) == list(BLOCKS)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from hetrl.config import load_config
 from hetrl.launch import slurm
-from hetrl.launch.plan import make_plan
+from hetrl.control.plan import make_plan
 from hetrl.launch.sbatch import write_sbatch
 from tests.launch.local_cluster import NEEDS_LOCAL_CLUSTER
 

@@ -15,7 +15,7 @@ import pytest
 
 from hetrl.config import load_config
 from hetrl.launch import slurm
-from hetrl.launch.plan import make_plan
+from hetrl.control.plan import make_plan
 
 FAKE = textwrap.dedent("""\
     #!{python}

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hetrl.launch.plan import RankAssignment
+from hetrl.control.plan import RankAssignment
 from hetrl.launch.worker import _bind_engine_gpus, visible_devices
 
 

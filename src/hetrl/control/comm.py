@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hetrl.launch.plan import ROLES, Plan, RankAssignment
+from hetrl.control.plan import ROLES, Plan, RankAssignment
 
 _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.02

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from hetrl.control import rundir
 from hetrl.control.comm import RoleContext, Tag, recv, send
 
 
@@ -77,5 +78,5 @@ def _orchestrate(ctx: RoleContext, run_dir: Path, beats: int, timeout_s: float) 
         "heartbeats": heartbeats,
         "orchestrator": {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()},
     }
-    (run_dir / "handshake.json").write_text(json.dumps(record, indent=1))
+    (run_dir / rundir.HANDSHAKE).write_text(json.dumps(record, indent=1))
     return record

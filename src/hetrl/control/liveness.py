@@ -40,16 +40,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hetrl.control import rundir
+
 logger = logging.getLogger(__name__)
-HANG_DIR = "hang"
-#: Exit code of a job the watchdog ended (the requeue code is 3, see hetrl.launch.sbatch).
+#: Exit code of a job the watchdog ended (the requeue code is 3, see hetrl.control.rundir).
 HANG_EXIT_CODE = 4
 BUSY, IDLE, EXITED = "busy", "idle", "exited"
 EXIT_GRACE_S = 60.0  # how long a job may take to end once its orchestrator has finished
-
-
-def hang_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / HANG_DIR
 
 
 def beat_period_s(timeout_s: float) -> float:
@@ -81,7 +78,7 @@ class Beacon:
     """A rank's heartbeat thread; the main loop reports through :func:`busy`, :func:`idle`, :func:`tick`."""
 
     def __init__(self, run_dir: Path, rank: int, role: str, role_rank: int, beat_s: float) -> None:
-        self.dir = hang_dir(run_dir)
+        self.dir = rundir.hang_dir(run_dir)
         (self.dir / "beats").mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "beats" / f"rank_{rank}.json"
         self.beat_s = beat_s
@@ -196,7 +193,7 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, ranks: dict[int, str], orchestrator_rank: int, timeout_s: float) -> None:
         """``ranks`` maps every world rank to its label (``role[n]``), for ranks that never beat."""
-        self.dir = hang_dir(run_dir)
+        self.dir = rundir.hang_dir(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)  # no rank may have got far enough to make it
         self.ranks, self.orchestrator_rank, self.timeout_s = ranks, orchestrator_rank, timeout_s
         self.started = time.time()
@@ -284,14 +281,14 @@ class Watchdog:
 
 
 def watchdog_for(run_dir: Path, plan: Any, timeout_s: float) -> Watchdog:
-    """The watchdog of the job ``plan`` (a hetrl.launch.plan.Plan) running in ``run_dir``."""
+    """The watchdog of the job ``plan`` (a hetrl.control.plan.Plan) running in ``run_dir``."""
     ranks = {a.world_rank: f"{a.role}[{a.role_rank}]" for a in plan.assignments}
     return Watchdog(run_dir, ranks, plan.ranks_of("orchestrator")[0], timeout_s)
 
 
 def run_had_finished(run_dir: Path, stuck: list[Stuck]) -> bool:
     """Whether only the exit of a finished run hung (its summary is written): done, not to rerun."""
-    return all(s.at_exit for s in stuck) and (Path(run_dir) / "summary.json").exists()
+    return all(s.at_exit for s in stuck) and (Path(run_dir) / rundir.SUMMARY).exists()
 
 
 def handle_hang(watchdog: Watchdog, stuck: list[Stuck]) -> str:

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from hetrl.config.loader import ConfigError, load_config, save_resolved
 from hetrl.config.schema import HetrlConfig
-from hetrl.launch.plan import Plan, PlanError, make_plan
+from hetrl.control import rundir
+from hetrl.control.plan import Plan, PlanError, make_plan
 
 USAGE = """\
 usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
@@ -147,8 +148,8 @@ def run_command(command: str, args: list[str], console: Console) -> int:
         console.print(f"usage: python launch.py {command} RUN_DIR")
         return 2
     run_dir = Path(args[0])
-    if not (run_dir / "plan.json").exists():
-        console.print(f"[red]error:[/red] {run_dir} is not a run directory (no plan.json)", markup=False)
+    if not (run_dir / rundir.PLAN).exists():
+        console.print(f"[red]error:[/red] {run_dir} is not a run directory (no {rundir.PLAN})", markup=False)
         return 2
     try:
         if command == "status":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.launch.plan import Plan
+from hetrl.control.plan import Plan
 
 
 def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control import liveness
-from hetrl.launch.plan import CPU_ROLES, Plan
+from hetrl.control import liveness, rundir
+from hetrl.control.plan import CPU_ROLES, Plan
 
 
 def find_mpiexec() -> str:
@@ -74,9 +74,7 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     watchdog found hung returns :data:`hetrl.control.liveness.HANG_EXIT_CODE` (no requeue locally),
     or 0 if the run had finished and only the processes' exit hung.
     """
-    from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
-
-    marker = Path(run_dir) / REQUEUE_MARKER
+    marker = Path(run_dir) / rundir.REQUEUE_MARKER
     marker.unlink(missing_ok=True)  # a previous process's; this one writes its own
     grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
     watchdog = liveness.watchdog_for(run_dir, plan, cfg.monitor.hang_timeout_s)
@@ -118,7 +116,7 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     if killed:
         return 128 + received[0]
     if code != 0 and marker.exists():
-        return REQUEUE_EXIT_CODE
+        return rundir.REQUEUE_EXIT_CODE
     return 128 + received[0] if received and code != 0 else code
 
 

@@ -13,8 +13,8 @@ Contract:
     component (one MPI world, ``--mpi=pmi2``), with a per-component environment: Slurm copies
     the batch shell's (component 0's) ``CUDA_VISIBLE_DEVICES`` into every component, so components
     without GPUs unset it.
-  * Ranks checkpoint on SIGUSR1/SIGTERM and exit :data:`REQUEUE_EXIT_CODE`; the script then
-    requeues the job (``scontrol requeue``), which resumes from the checkpoint.
+  * Ranks checkpoint on SIGUSR1/SIGTERM and exit :data:`hetrl.control.rundir.REQUEUE_EXIT_CODE`;
+    the script then requeues the job (``scontrol requeue``), which resumes from the checkpoint.
   * The liveness watchdog (:mod:`hetrl.launch.watchdog`) runs beside ``srun`` on the batch host; a
     hung step is killed, and requeued like a pre-emption up to ``monitor.hang_restarts`` times.
 """
@@ -28,19 +28,13 @@ import sys
 from pathlib import Path
 
 from hetrl.config.cluster import ClusterConfig
-from hetrl.launch.plan import Component, Plan
+from hetrl.control.plan import Component, Plan
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[3] / "slurm"
 HETJOB_TEMPLATE = TEMPLATES_DIR / "hetjob.sbatch"
 COLOCATED_TEMPLATE = TEMPLATES_DIR / "colocated.sbatch"
 SCRIPT_NAME = "job.sbatch"
 WORKER_MODULE = "hetrl.launch.worker"
-# The exit code of a rank that checkpointed on a pre-emption signal and wants to be requeued.
-# Must match the `REQUEUE_EXIT_CODE=` line of the templates (a test checks both).
-REQUEUE_EXIT_CODE = 3
-# Written into the run directory by the orchestrator when it stopped at a checkpoint for a requeue:
-# the local launcher's proof of a pre-emption, whatever exit code mpiexec reports for the job.
-REQUEUE_MARKER = "requeue-requested"
 # Environment a component without GPUs must not inherit from component 0 (Slurm copies the batch
 # shell's environment into every het component; only components with gres get it overwritten).
 GPU_ENV_LEAKS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS")

@@ -11,7 +11,7 @@ Contract (one run directory = one Slurm job):
     id and submitit's IO breaks).
   * Slurm's refusals (unknown partition, a request larger than the partition, bad account/QoS or
     time) raise :class:`SlurmSubmitError` whose message names the recipe key to change.
-  * Requeue: ranks that checkpointed on SIGUSR1/SIGTERM exit ``sbatch.REQUEUE_EXIT_CODE`` and the
+  * Requeue: ranks that checkpointed on SIGUSR1/SIGTERM exit ``rundir.REQUEUE_EXIT_CODE`` and the
     batch script requeues the job; the job id stays the same, ``status`` shows the restart count.
 """
 
@@ -31,7 +31,8 @@ from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from hetrl.config.cluster import ClusterConfig
-from hetrl.launch.plan import Plan
+from hetrl.control import rundir
+from hetrl.control.plan import Plan
 from hetrl.launch.sbatch import SCRIPT_NAME, write_sbatch
 
 JOB_FILE = "slurm_job.json"
@@ -153,13 +154,13 @@ def submit(plan: Plan, cluster: ClusterConfig, run_dir: str | os.PathLike[str], 
     ``run_dir`` must already hold config.yaml and plan.json (the worker reads them).
     """
     run_dir = Path(run_dir).resolve()
-    for name in ("config.yaml", "plan.json"):
+    for name in (rundir.CONFIG, rundir.PLAN):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir / name} is missing: save the resolved config and the plan before submitting")
     _require_tools("sbatch")
     options = {"job_name": job_name} if python is None else {"job_name": job_name, "python": python}
     script = write_sbatch(plan, cluster, run_dir, **options)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / rundir.LOGS).mkdir(exist_ok=True)
     job = HetJobExecutor(run_dir, script.read_text()).submit_script()
     _refuse_if_never_starts(job.job_id)
     record = {"job_id": job.job_id, "script": SCRIPT_NAME, "submitted_at": time.time(), "components": len(plan.components)}
@@ -219,7 +220,7 @@ def log_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     run_dir = Path(run_dir)
     job_id = job_id_of(run_dir)
     batch = [run_dir / f"slurm-{job_id}.out"]
-    return [p for p in batch if p.is_file()] + sorted(p for p in (run_dir / "logs").glob("*") if p.is_file())
+    return [p for p in batch if p.is_file()] + sorted(p for p in (run_dir / rundir.LOGS).glob("*") if p.is_file())
 
 
 def logs(run_dir: str | os.PathLike[str], *, tail_lines: int | None = 100) -> str:

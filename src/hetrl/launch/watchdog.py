@@ -3,7 +3,7 @@
 It watches the job step's ranks (see :mod:`hetrl.control.liveness`) while the step runs. On a
 hang it collects the stacks, writes ``RUN/hang/report.txt``, decides whether the run may be
 restarted (at most ``monitor.hang_restarts`` times in a row without a newer checkpoint: a
-deterministic hang must not loop until the allocation's walltime), writes :data:`REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
+deterministic hang must not loop until the allocation's walltime), writes :data:`hetrl.control.rundir.REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
 batch script then requeues the job, which resumes from its last checkpoint, as after a pre-emption.
 """
 
@@ -18,10 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from hetrl.control import liveness
+from hetrl.control import liveness, rundir
 
-# In RUN/hang/: written when the hung job may be requeued (the batch script requeues and removes it).
-REQUEUE_AFTER_HANG = "requeue"
 RESTARTS_FILE = "restarts"  # in RUN/hang/: hangs in a row, and the latest checkpoint when the last one came
 
 
@@ -32,8 +30,8 @@ def record_restart(run_dir: Path, max_restarts: int) -> bool:
     again, so a long run survives many unrelated hangs, and a deterministic one (it recurs before
     the run gets any further) is requeued at most ``max_restarts`` times.
     """
-    counter = liveness.hang_dir(run_dir) / RESTARTS_FILE
-    checkpoints = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*"))
+    counter = rundir.hang_dir(run_dir) / RESTARTS_FILE
+    checkpoints = sorted(p.name for p in rundir.checkpoint_root(run_dir).glob("step_*"))
     latest = checkpoints[-1] if checkpoints else "none"
     count, since = counter.read_text().split() if counter.exists() else ("0", latest)
     hangs = int(count) + 1 if since == latest else 1
@@ -70,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hetrl.config.loader import validate_tree
-    from hetrl.launch.plan import Plan
+    from hetrl.control.plan import Plan
 
-    cfg = validate_tree(yaml.safe_load((args.run_dir / "config.yaml").read_text()))
-    plan = Plan.from_json((args.run_dir / "plan.json").read_text())
+    cfg = validate_tree(yaml.safe_load((args.run_dir / rundir.CONFIG).read_text()))
+    plan = Plan.from_json((args.run_dir / rundir.PLAN).read_text())
     watchdog = liveness.watchdog_for(args.run_dir, plan, cfg.monitor.hang_timeout_s)
-    (liveness.hang_dir(args.run_dir) / REQUEUE_AFTER_HANG).unlink(missing_ok=True)
+    (rundir.hang_dir(args.run_dir) / rundir.REQUEUE_AFTER_HANG).unlink(missing_ok=True)
     while _alive(args.step_pid):
         time.sleep(watchdog.poll_s)
         stuck = watchdog.check()
@@ -86,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             if liveness.run_had_finished(args.run_dir, stuck):
                 print("[hetrl] the run had finished; only its exit hung: not requeued", flush=True)
             elif record_restart(args.run_dir, cfg.monitor.hang_restarts):
-                (liveness.hang_dir(args.run_dir) / REQUEUE_AFTER_HANG).write_text("\n")
+                (rundir.hang_dir(args.run_dir) / rundir.REQUEUE_AFTER_HANG).write_text("\n")
             else:
                 print(f"[hetrl] the run hung {cfg.monitor.hang_restarts + 1} times in a row without a new checkpoint: not requeued",
                       flush=True)

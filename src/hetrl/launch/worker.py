@@ -66,7 +66,7 @@ def visible_devices(assigned: tuple[int, ...], inherited: str | None) -> str:
     return ",".join(visible[gpu] for gpu in assigned)
 
 
-def _bind_engine_gpus(assignment) -> None:  # noqa: ANN001 - hetrl.launch.plan.RankAssignment
+def _bind_engine_gpus(assignment) -> None:  # noqa: ANN001 - hetrl.control.plan.RankAssignment
     """A rollout rank sees only its engine's GPUs, before anything initialises CUDA.
 
     vLLM places an engine's TP workers on the first visible devices: without this, every engine of
@@ -84,21 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
 
     from hetrl.config.loader import validate_tree
-    from hetrl.control import liveness
+    from hetrl.control import liveness, rundir
     from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
-    from hetrl.launch.plan import Plan
+    from hetrl.control.plan import Plan
     from hetrl.loop.faults import Fault, at_start
 
     run_dir = args.run_dir
-    cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    plan = Plan.from_json((run_dir / "plan.json").read_text())
+    cfg = validate_tree(yaml.safe_load((run_dir / rundir.CONFIG).read_text()))
+    plan = Plan.from_json((run_dir / rundir.PLAN).read_text())
     ctx = init_control_plane(plan)
     label = f"{ctx.role}[{ctx.assignment.role_rank}] (world rank {ctx.rank})"
     _abort_on_exception(ctx.world, label)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / rundir.LOGS).mkdir(exist_ok=True)
     logging.basicConfig(
-        filename=run_dir / "logs" / f"{ctx.role}_{ctx.assignment.role_rank}.log", level=logging.INFO,
+        filename=run_dir / rundir.LOGS / f"{ctx.role}_{ctx.assignment.role_rank}.log", level=logging.INFO,
         format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
     )
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
@@ -122,7 +122,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     The orchestrator exits last (it waits for every rank's bye), so a launcher that kills the job
     on the first non-zero exit (``srun --kill-on-bad-exit``) cannot cut another rank's shutdown short.
     """
-    from hetrl.control import liveness
+    from hetrl.control import liveness, rundir
     from hetrl.control.comm import flush_sends
     from hetrl.loop import preempt
     from hetrl.loop.roles import run_role
@@ -132,8 +132,8 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     try:
         run_role(ctx, cfg, run_dir, faults)
     except preempt.Preempted as stop:
-        logging.warning("%s; exiting with %d for a requeue", stop, preempt.REQUEUE_EXIT_CODE)
-        code = preempt.REQUEUE_EXIT_CODE
+        logging.warning("%s; exiting with %d for a requeue", stop, rundir.REQUEUE_EXIT_CODE)
+        code = rundir.REQUEUE_EXIT_CODE
         if ctx.role == "orchestrator":
             preempt.mark_requeue(run_dir, stop.checkpoint)
     if ctx.role == "orchestrator":

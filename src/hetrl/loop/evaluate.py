@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import rundir
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     from hetrl.config.loader import validate_tree
     from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
 
-    run_config = _run_dir_of(step_dir) / "config.yaml"
+    run_config = _run_dir_of(step_dir) / rundir.CONFIG
     if run_config.exists():
         run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
         found = {**hf_config_dict(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
@@ -130,7 +131,7 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
 
 def _tokenizer_source(cfg: HetrlConfig, step_dir: Path) -> Path | None:
     """Where the tokenizer of a trainer checkpoint comes from; None: the built-in character tokenizer."""
-    candidates = [_run_dir_of(step_dir) / "initial_model", cfg.model.tokenizer, cfg.model.hf_checkpoint]
+    candidates = [_run_dir_of(step_dir) / rundir.INITIAL_MODEL, cfg.model.tokenizer, cfg.model.hf_checkpoint]
     for candidate in candidates:
         if candidate and any((Path(candidate) / name).exists() for name in _TOKENIZER_FILES):
             return Path(candidate)
@@ -144,7 +145,7 @@ def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -
     import torch
     import torch.distributed as dist
 
-    from hetrl.loop.roles import free_port
+    from hetrl.control.rendezvous import free_port
     from hetrl.models.tokenizer import save_char_tokenizer
     from hetrl.trainer.checkpoint import load_checkpoint
     from hetrl.trainer.exporter import save_hf_checkpoint

@@ -4,7 +4,7 @@ No rank dies on the signal. Each rank's handler only records it; a rank other th
 orchestrator also tells the orchestrator (one small control-plane message), because on a cluster
 the signal may reach only some ranks. The orchestrator checks :func:`requested` at its safe points
 (between two steps), has the trainer save a checkpoint, shuts every role down and raises
-:class:`Preempted`; the worker's main turns that into :data:`REQUEUE_EXIT_CODE`.
+:class:`Preempted`; the worker's main turns that into :data:`hetrl.control.rundir.REQUEUE_EXIT_CODE`.
 
 Exit ordering: every non-orchestrator rank says :class:`Bye` when its role returned, and the
 orchestrator exits only after hearing from all of them (bounded wait). Under ``srun
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetrl.control import rundir
 from hetrl.control.comm import RoleContext, Tag, poll, send
-from hetrl.launch.sbatch import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
 logger = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-__all__ = ["REQUEUE_EXIT_CODE", "Bye", "PreemptNotice", "Preempted", "install_handlers", "mark_requeue", "requested", "say_bye",
+__all__ = ["Bye", "PreemptNotice", "Preempted", "install_handlers", "mark_requeue", "requested", "say_bye",
            "wait_for_byes"]
 
 _received: list[int] = []  # signals this process got (process-global, like signal handlers)
@@ -55,7 +55,7 @@ class Preempted(Exception):
 
 def mark_requeue(run_dir: Path, checkpoint: str | None) -> None:
     """Orchestrator: record in the run directory that the job stopped at ``checkpoint`` for a requeue."""
-    (Path(run_dir) / REQUEUE_MARKER).write_text(f"{checkpoint}\n")
+    (Path(run_dir) / rundir.REQUEUE_MARKER).write_text(f"{checkpoint}\n")
 
 
 def install_handlers(ctx: RoleContext) -> None:

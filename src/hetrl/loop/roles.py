@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control import liveness
+from hetrl.control import liveness, rundir
 from hetrl.control.comm import RoleContext
+from hetrl.control.rendezvous import free_port
 from hetrl.loop.faults import Countdown, Fault
 
 logger = logging.getLogger(__name__)
@@ -29,18 +30,12 @@ class JobSetup:
     sync_port: int
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _initial_checkpoint(cfg: HetrlConfig, run_dir: Path) -> Path:
     if cfg.model.hf_checkpoint:
         return Path(cfg.model.hf_checkpoint)
     from hetrl.models.hf import build_random_hf_checkpoint
 
-    target = run_dir / "initial_model"
+    target = run_dir / rundir.INITIAL_MODEL
     if not (target / "config.json").exists():
         build_random_hf_checkpoint(cfg.model, target, seed=cfg.run.seed)
     return target
@@ -76,7 +71,7 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
                                   engine_tensor_parallel=cfg.rollout.engine_tensor_parallel)
     verify = cfg.rollout.verify_weight_sync
     if kind == "filesystem":
-        root = run_dir / "weights"
+        root = run_dir / rundir.WEIGHTS
         if sender:
             return build_weight_sender(kind, root=root, verify=verify)
         return build_weight_receiver(kind, root=root, verify=verify, wait_s=cfg.rollout.weight_sync_timeout_s)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hetrl.config.schema import HetrlConfig
+from hetrl.control import rundir
 
 ROLES = ("trainer", "rollout", "reward", "env", "orchestrator")
 # Roles of the CPU partition: Python control loops whose heavy work (verifiers, sandboxes) runs
@@ -134,7 +135,7 @@ class Plan:
         )
 
     def save(self, run_dir: Path) -> Path:
-        path = Path(run_dir) / "plan.json"
+        path = Path(run_dir) / rundir.PLAN
         path.write_text(self.to_json())
         return path
 
