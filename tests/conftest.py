@@ -33,14 +33,14 @@ export_trainer_checkpoint(cfg, resolve_checkpoint(run_dir / "checkpoints")[1], o
 """
 
 
-def launch_tiny_grpo(output_dir: Path, *overrides: str, timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
-    """Run ``launch.py recipe=tiny_grpo`` to completion; fail on an error or a hang.
+def launch_tiny_grpo(output_dir: Path, *overrides: str, timeout_s: float = LAUNCH_TIMEOUT_S, recipe: str = "tiny_grpo") -> None:
+    """Run ``launch.py recipe=tiny_grpo`` (or another tiny recipe) to completion; fail on an error or a hang.
 
     A run still going after ``timeout_s`` fails the test and leaves no process behind: the
     launcher kills its whole job at its second signal (hetrl.launch.local.run_local); two
     different ones, as two of the same may reach its handler as one.
     """
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={output_dir}", *overrides]
+    cmd = [sys.executable, str(ROOT / "launch.py"), f"recipe={recipe}", f"run.output_dir={output_dir}", *overrides]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

@@ -41,11 +41,11 @@ def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
 def test_nan_loss_poisons_only_the_nth_batch(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "trainer:0:nan_loss@2")
     rigged = TrainerFaults(role_rank=0)
-    work = TrainWork(0, [_sample(0)], [[0.5, -0.5]])
-    assert rigged.batch(work) is work
-    poisoned = rigged.batch(work)
-    assert all(math.isnan(a) for a in poisoned.advantages[0]) and work.advantages == [[0.5, -0.5]]
-    assert rigged.batch(work) is work
+    work = TrainWork(0, [_sample(0)])
+    assert rigged.samples(work) is work.samples
+    poisoned = rigged.samples(work)
+    assert all(math.isnan(s.reward) for s in poisoned) and work.samples[0].reward == 0.25
+    assert rigged.samples(work) is work.samples
 
 
 def test_clock_reports_each_timed_phase_once():

@@ -10,7 +10,9 @@ the pool does that too after a failed job so the next one starts clean.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import multiprocessing
 import os
 import queue
 import shutil
@@ -135,3 +137,16 @@ class RankPool:
         for proc in self._procs:
             proc.join(timeout=30)
         self._kill()
+
+
+@contextlib.contextmanager
+def may_start_processes():
+    """megatron's checkpoint writer starts helper processes, which a daemonic process may not
+    (the RankPool's ranks are daemons so that they die with pytest): lift that for a job."""
+    config = multiprocessing.current_process()._config
+    was = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = was

@@ -14,6 +14,7 @@ from hetrl.trainer.algorithms import (
     advantage_metrics,
     compute_advantages,
     compute_loss,
+    compute_value_loss,
     compute_value_targets,
     shape_rewards,
 )
@@ -128,17 +129,22 @@ def test_importance_sampling_correction(mode, expected_loss, weight_mean, masked
     assert m["is/truncated_frac"].item() == pytest.approx(truncated)
 
 
-def test_ppo_adds_the_clipped_value_loss():
+def test_ppo_value_loss_is_the_clipped_value_loss():
     returns = torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
     values = torch.zeros(3, 3, requires_grad=True)
-    inputs, _ = _on_policy(values=values, old_values=torch.zeros(3, 3), returns=returns)
-    loss, m = compute_loss(_algo("ppo", value_coef=0.5), inputs)
+    loss, m = compute_value_loss(_algo("ppo", value_coef=0.5), values, torch.zeros(3, 3), returns, MASK)
     # value loss 0.5 (V - R)^2: 0.5 x3, 0.125 x2 -> token-mean 1.75 / 5 = 0.35, times value_coef 0.5
     assert m["loss/value"].item() == pytest.approx(0.35)
-    assert m["value/clip_frac"].item() == 0.0
-    assert loss.item() == pytest.approx(0.2 + 0.175)
+    assert m["value/clip_frac"].item() == 0.0 and m["value/mean"].item() == 0.0
+    assert loss.item() == pytest.approx(0.175)
     loss.backward()
     torch.testing.assert_close(values.grad, 0.5 * -returns * MASK / 5)
+    # V moved 0.5 from V_old = 0 with value_clip 0.2: for R = 1 the clipped branch (0.2 - 1)^2 is the
+    # larger, for R = 0 the unclipped one (0.5 - 0)^2
+    moved, targets = torch.full((3, 3), 0.5), torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    _, m = compute_value_loss(_algo("ppo", value_clip=0.2), moved, torch.zeros(3, 3), targets, MASK)
+    assert m["value/clip_frac"].item() == pytest.approx(3 / 5)
+    assert "loss/value" not in compute_loss(_algo("ppo"), _on_policy()[0])[1]  # the policy's loss has no value part
 
 
 def test_missing_inputs_are_reported():
@@ -146,8 +152,6 @@ def test_missing_inputs_are_reported():
         compute_loss(_algo("grpo", kl_coef=0.1), _on_policy()[0])
     with pytest.raises(ValueError, match="entropy"):
         compute_loss(_algo("grpo", entropy_coef=0.1), _on_policy()[0])
-    with pytest.raises(ValueError, match="values"):
-        compute_loss(_algo("ppo"), _on_policy()[0])
     with pytest.warns(UserWarning, match="rollout_logprobs"):
         compute_loss(_algo("grpo", is_correction="truncated"), _on_policy()[0])
 
@@ -172,7 +176,7 @@ def _random_batch(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {
         "logprobs": logp, "old_logprobs": logp + rand(0.3), "rollout_logprobs": logp + rand(0.5),
         "ref_logprobs": logp + rand(0.2), "entropy": rand().abs(), "advantages": rand(),
-        "values": rand(), "old_values": rand(), "returns": rand(), "mask": mask,
+        "mask": mask,
     }
 
 
@@ -182,17 +186,24 @@ def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggreg
     algo = AlgorithmConfig(name=name, loss_aggregation=aggregation, kl_coef=0.05, entropy_coef=0.01,
                            dual_clip=3.0, is_correction="truncated", is_level="sequence")
     batch = _random_batch(torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(3)
+    value_fields = {key: torch.randn(6, 7, generator=gen) for key in ("values", "old_values", "returns")}
     logp = batch["logprobs"].clone().requires_grad_(True)
-    values = batch["values"].clone().requires_grad_(True)
+    values = value_fields["values"].clone().requires_grad_(True)
 
     def run(rows: slice, width: int, **norm) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        fields = {k: v[rows, :width] for k, v in batch.items()} | {"logprobs": logp[rows, :width], "values": values[rows, :width]}
-        return compute_loss(algo, LossInputs(**fields), max_len=9, **norm)
+        fields = {k: v[rows, :width] for k, v in batch.items()} | {"logprobs": logp[rows, :width]}
+        loss, metrics = compute_loss(algo, LossInputs(**fields), max_len=9, **norm)
+        if name == "ppo":  # the critic's loss, aggregated the same way
+            value_loss, value_metrics = compute_value_loss(algo, values[rows, :width], value_fields["old_values"][rows, :width],
+                                                           value_fields["returns"][rows, :width], batch["mask"][rows, :width],
+                                                           max_len=9, **norm)
+            loss, metrics = loss + value_loss, metrics | value_metrics
+        return loss, metrics
 
     full_loss, full_metrics = run(slice(0, 6), 7)
     full_loss.backward()
-    full_grads = (logp.grad.clone(), values.grad)  # values get a gradient from ppo's value loss only
-    assert (values.grad is not None) == (name == "ppo")
+    full_grads = (logp.grad.clone(), values.grad)
     logp.grad, values.grad = None, None
 
     num_tokens, num_seqs = count_tokens_and_seqs(batch["mask"])
@@ -286,6 +297,8 @@ def test_metric_names_are_documented_or_declared():
                 algorithms.VALUE_CLIP_FRAC, algorithms.CLIP_FRAC_DUAL}
     algo = AlgorithmConfig(name="ppo", kl_coef=0.1, entropy_coef=0.1, dual_clip=3.0, is_correction="masked")
     _, m = compute_loss(algo, LossInputs(**_random_batch(torch.Generator().manual_seed(0))))
+    _, value_metrics = compute_value_loss(algo, torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), torch.ones(2, 2))
+    m |= value_metrics
     assert declared <= set(m)
     assert [k for k in m if k not in declared and names.spec_of(k) is None] == []
 

@@ -9,7 +9,6 @@ name step 3) and trains steps 4 and 5. The filesystem protocol is also tested di
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import random
@@ -24,6 +23,7 @@ from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer import checkpoint
+from rank_pool import may_start_processes
 from samples import make_samples
 
 MODEL = ModelConfig(arch="qwen3", hidden_size=64, num_layers=2, ffn_hidden_size=96, vocab_size=127)
@@ -35,19 +35,6 @@ TOTAL_STEPS = 8
 
 class SimulatedCrash(RuntimeError):
     pass
-
-
-@contextlib.contextmanager
-def may_start_processes():
-    """megatron's checkpoint writer starts helper processes, which a daemonic process may not
-    (the RankPool's ranks are daemons so that they die with pytest): lift that for a job."""
-    config = multiprocessing.current_process()._config
-    was = config.get("daemon", False)
-    config["daemon"] = False
-    try:
-        yield
-    finally:
-        config["daemon"] = was
 
 
 def _trainer(tcfg: TrainerConfig, seed: int):

@@ -139,6 +139,21 @@ def test_kl_estimators_by_hand():
         losses.kl_estimate(logp, ref, "k4")
 
 
+def test_k3_alone_is_clamped_at_10_with_a_finite_gradient():
+    """verl's low_var_kl clamp: a token far below the reference weighs 10, not exp(500), and stops pulling."""
+    ref = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    logp = torch.tensor([-500.0, -3.0, 2.0, 12.0], requires_grad=True)  # k3 unclamped: e^20 - 21, 16.09, 1.14, 11.0
+    k3 = losses.kl_estimate(logp, ref, "k3")
+    assert k3[0].item() == k3[1].item() == k3[3].item() == 10.0
+    assert k3[2].item() == pytest.approx(math.exp(-2.0) - 1.0 + 2.0)
+    k3.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 0.0, 1.0 - math.exp(-2.0), 0.0]))
+    # k1 and k2 are not clamped (verl clamps low_var_kl alone).
+    assert losses.kl_estimate(logp.detach(), ref, "k1")[0].item() == -500.0
+    assert losses.kl_estimate(logp.detach(), ref, "k2")[0].item() == 125_000.0
+
+
 def test_k1_and_k3_are_unbiased_estimates_of_the_true_kl():
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.5, 0.3])

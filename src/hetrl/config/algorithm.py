@@ -37,8 +37,8 @@ class AlgorithmConfig(Section):
     gspo_clip_high: float = Field(4e-4, gt=0.0, description="GSPO: upper clip range of the sequence-level ratio (s <= 1 + this); the paper uses 3e-4 / 4e-4.")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL(policy || reference) term; 0 disables the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
-    kl_in_reward: bool = Field(False, description="Fold the KL penalty into the reward instead of adding it to the loss "
-                               "(trainer functions only for now: the RL loop refuses it at start).")
+    kl_in_reward: bool = Field(False, description="Fold the KL penalty into the reward (per token, -kl_coef x KL of the "
+                               "rollout policy to the reference, computed on the trainer) instead of adding it to the loss.")
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus weight.")
     is_correction: Literal["none", "truncated", "masked"] = Field(
         "truncated", description="Importance-sampling correction of the train/inference mismatch (engine vs trainer log-probs)."

@@ -23,7 +23,11 @@ class ScheduleConfig(Section):
         "sync", description="sync: on-policy; one_step_off: generate step k+1 while training step k; async: bounded staleness."
     )
     max_staleness: int = Field(1, ge=0, description="async: no sample older than this many policy versions is trained on.")
-    stale_policy: Literal["drop", "regenerate"] = Field("drop", description="async: what happens to a sample past max_staleness.")
+    stale_policy: Literal["drop", "regenerate"] = Field(
+        "drop", description="A group older than the staleness bound (max_staleness; 0 for sync, where a refused weight "
+        "push can make one stale): drop it and draw a new task (drop), or generate it again by the current policy under "
+        "the same sample ids, task and seeds (regenerate). Either is counted (staleness/dropped, staleness/regenerated)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ScheduleConfig":

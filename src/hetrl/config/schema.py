@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.base import Section
 from hetrl.config.cluster import ClusterConfig
+from hetrl.config.critic import CriticConfig
 from hetrl.config.env import EnvConfig
 from hetrl.config.loop import CheckpointConfig, EvalConfig, RunConfig, ScheduleConfig, WarmStartConfig
 from hetrl.config.model import ModelConfig
@@ -26,6 +27,7 @@ class HetrlConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy architecture and weights.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL objective.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer parallelism and optimisation.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="PPO's value model (algorithm.name=ppo).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation engines.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and tasks.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards and sandbox.")

@@ -119,6 +119,7 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
     monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale),
+                       names.STALENESS_REGENERATED: float(orch.take_regenerated()),
                        names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
                        names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes())})
     with monitor.timer(step, "train"):

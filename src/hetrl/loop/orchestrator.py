@@ -1,8 +1,8 @@
 """The orchestrator: owns the task stream, every sample id, the schedule and the staleness bound.
 
 One rank on the CPU partition. It hands episodes to the rollout ranks, routes finished samples to
-the reward workers, assembles each step's batch from complete groups and sends DP shards to the
-trainer ranks; the trainer pushes its new weights straight to the engines (torch.distributed),
+the reward workers, assembles each step's batch from complete groups and sends it, once, to the
+trainer's leader (trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight to the engines (torch.distributed),
 the orchestrator only tells the engines when to take them. When an engine refuses a push
 (:class:`PushRefused`), the orchestrator has the trainer send the same version again, unless a
 newer push is on its way; the engine's samples from its old version meet the staleness bound.
@@ -34,7 +34,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
-from hetrl.loop.batching import advantages_for, check_loop_support, require_room
+from hetrl.loop.batching import require_room
 from hetrl.loop.work import (
     EpisodeItem, PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
     TrainDone, TrainWork, id_order,
@@ -58,6 +58,7 @@ class _Ledger:
     trained: set[str] = field(default_factory=set)
     dropped: set[str] = field(default_factory=set)  # stale or uninformative groups, never trained
     dropped_stale: int = 0
+    regenerated: int = 0  # stale samples generated again under their ids (schedule.stale_policy=regenerate)
     requeued_generation: int = 0  # episodes re-run after an engine failure
     requeued_reward: int = 0  # samples re-scored after a reward-worker failure
 
@@ -90,12 +91,11 @@ class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
         from hetrl.env.registry import build_task_stream
 
-        check_loop_support(cfg.algorithm)
         self.ctx, self.cfg, self.run_dir, self.tokenizer = ctx, cfg, run_dir, tokenizer
         self.stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed)
         self.engines = ctx.plan.ranks_of("rollout")
         self.reward_ranks = ctx.plan.ranks_of("reward")
-        self.trainer_ranks = ctx.plan.ranks_of("trainer")
+        self.trainer_leader = ctx.plan.ranks_of("trainer")[0]  # the one trainer rank the orchestrator talks to
         self.version = 0
         self.ledger = _Ledger()
         self.groups: dict[str, list[Sample]] = defaultdict(list)  # rewarded samples per group
@@ -112,6 +112,7 @@ class Orchestrator:
         self._push_announced = 0.0  # when the engines were told to take it (monotonic)
         self.refused_pushes = 0  # since the last take_refused_pushes()
         self.refused_pushes_total = 0
+        self.regenerated = 0  # stale samples generated again since the last take_regenerated()
         self._next_group = 0
         self._train_groups_open = 0  # dispatched training groups not yet complete
         self._open_tasks: dict[str, int] = {}  # training group id -> its task's stream cursor, until trained or dropped
@@ -232,8 +233,7 @@ class Orchestrator:
         if self._training or (message.version, message.attempt) != (self.version, self._push_attempt):
             return
         self._push_attempt += 1
-        for rank in self.trainer_ranks:
-            send(self.ctx.world, PushWeights(self.version, self._push_attempt), rank, Tag.WORK)
+        self.to_trainer(PushWeights(self.version, self._push_attempt))
         self.sync_engines(self.version, self._push_attempt)
 
     def _on_push_failed(self, message: PushFailed) -> None:
@@ -347,21 +347,21 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ training steps
 
+    def to_trainer(self, message: Any) -> None:
+        """Send ``message`` to the trainer: to its leader, which shares it with every trainer rank."""
+        send(self.ctx.world, message, self.trainer_leader, Tag.WORK)
+
     def train(self, step: int, groups: list[list[Sample]], supervised: bool = False) -> TrainDone:
-        """Send one step's batch to the trainer ranks and wait for the new version."""
+        """Send one step's batch to the trainer (once) and wait for the new version."""
         samples = [s for g in groups for s in g]
         if not supervised:
             require_room(samples, self.cfg.env.max_episode_tokens, f"RL step {step}")
-        advantages = [[1.0] * len(s.completion_ids) for s in samples] if supervised else advantages_for(self.cfg.algorithm, samples, self.cfg.rollout.max_tokens)
         for s in samples:
             if s.sample_id in self.ledger.trained:
                 raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
             self.ledger.trained.add(s.sample_id)
             self._open_tasks.pop(s.group_id, None)
-        # Every trainer rank gets the whole step; PolicyTrainer takes its token-balanced DP shard.
-        work = TrainWork(step, samples, advantages, supervised)
-        for rank in self.trainer_ranks:
-            send(self.ctx.world, work, rank, Tag.WORK)
+        self.to_trainer(TrainWork(step, samples, supervised))
         self._report("trainer", True, "training")
         self.train_done, self._training = None, True
         while self.train_done is None:
@@ -398,7 +398,13 @@ class Orchestrator:
         return _group(group_id, task, seed, self.cfg.algorithm.group_size)
 
     def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], int, int]:
-        """Wait for ``prompts_per_step`` fresh groups; drop stale ones and (DAPO) all-equal ones, refilling."""
+        """Wait for ``prompts_per_step`` fresh groups; (DAPO) drop all-equal ones, refilling.
+
+        A group more than ``max_lag`` versions old is dropped and refilled from the stream
+        (``schedule.stale_policy=drop``) or generated again by the current policy
+        (``regenerate``, :meth:`_regenerate`). Returns the batch and the counts of stale samples
+        and all-equal groups dropped.
+        """
         want = self.cfg.run.prompts_per_step
         batch: list[list[Sample]] = []
         dropped_stale = dropped_equal = 0
@@ -408,6 +414,9 @@ class Orchestrator:
                 self.pump(f"complete groups for the next step ({len(batch)}/{want} so far)", timeout_s=3600)
             group = self.ready.pop(0)
             lag = group_lag(group, self.version)
+            if lag > max_lag and self.cfg.schedule.stale_policy == "regenerate":
+                self._regenerate(group)  # still outstanding: no top-up
+                continue
             if lag > max_lag:
                 dropped_stale += len(group)
             elif self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0:
@@ -424,6 +433,32 @@ class Orchestrator:
             self.top_up(target_groups - len(batch))  # the batch so far counts against the target
         return batch, dropped_stale, dropped_equal
 
+    def _regenerate(self, group: list[Sample]) -> None:
+        """Dispatch a complete, stale group again: the same group and sample ids, task and episode
+        seeds (from the task's stream cursor), sampled by the policy the engines were last told to
+        serve. It stays outstanding (so counts against the top-up target) until it completes again;
+        its old samples and their scoring time are discarded."""
+        group_id = group[0].group_id
+        ids = sorted(s.sample_id for s in group)
+        ledger = self.ledger
+        settled = [i for i in ids if i in ledger.dispatched or i in ledger.rewarding
+                   or i in ledger.trained or i in ledger.dropped]
+        assert not settled, f"group {group_id} regenerated while {settled} are in flight, trained or dropped"
+        cursor = self._open_tasks[group_id]
+        items = self._train_group(group_id, cursor, *self.stream.at(cursor))
+        assert sorted(item.sample_id for item in items) == ids, f"group {group_id} regenerated under other ids"
+        for sample_id in ids:
+            self._reward_s.pop(sample_id, None)
+        ledger.regenerated += len(ids)
+        self.regenerated += len(ids)
+        self.dispatch([items], "train")
+        self._train_groups_open += 1
+
+    def take_regenerated(self) -> int:
+        """Stale samples generated again since the previous call (the ``staleness/regenerated`` metric)."""
+        count, self.regenerated = self.regenerated, 0
+        return count
+
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
@@ -439,7 +474,7 @@ class Orchestrator:
             logger.info("checkpoint with %d training group(s) in flight: a resume generates them again first", len(in_flight))
         return {"version": self.version, "stream": self.stream.state_dict(), "next_group": self._next_group,
                 "in_flight": in_flight, "dropped_stale": self.ledger.dropped_stale,
-                "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
+                "regenerated": self.ledger.regenerated, "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
@@ -447,6 +482,7 @@ class Orchestrator:
         self._next_group = int(state["next_group"])
         self._resumed = [(str(group_id), int(cursor)) for group_id, cursor in state["in_flight"]]
         self.ledger.dropped_stale = int(state["dropped_stale"])
+        self.ledger.regenerated = int(state.get("regenerated", 0))  # absent before stale_policy=regenerate existed
         self.ledger.requeued_generation = int(state["requeued_generation"])
         self.ledger.requeued_reward = int(state["requeued_reward"])
 
@@ -458,8 +494,10 @@ class Orchestrator:
             raise RuntimeError(f"{len(lost)} training sample id(s) are unaccounted for, e.g. {sorted(lost)[:5]}")
         return {"issued": len(self.ledger.issued), "trained": len(self.ledger.trained & self.ledger.issued), "dropped": len(self.ledger.dropped),
                 "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
-                "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
+                "regenerated": self.ledger.regenerated, "requeued_generation": self.ledger.requeued_generation,
+                "requeued_reward": self.ledger.requeued_reward}
 
     def shutdown(self) -> None:
-        for rank in self.engines + self.reward_ranks + self.trainer_ranks:
+        for rank in self.engines + self.reward_ranks:
             send(self.ctx.world, Shutdown(), rank, Tag.WORK)
+        self.to_trainer(Shutdown())

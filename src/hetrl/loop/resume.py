@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.loop import CheckpointConfig
-from hetrl.control import liveness
-from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.control import liveness, rundir
+from hetrl.control.comm import RoleContext, Tag, recv
 from hetrl.loop import preempt
 from hetrl.loop.orchestrator import Orchestrator
-from hetrl.loop.trainer_role import checkpoint_root
 from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored
 
 logger = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ def save(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> str:
     """Have the trainer ranks checkpoint the current version with the loop state; its path."""
     saved = LoopState(**{**asdict(state), "trained_before": state.trained_before + len(orch.ledger.trained)})
     loop_state = {"loop": asdict(saved), "orchestrator": orch.state_dict()}
-    for rank in ctx.plan.ranks_of("trainer"):
-        send(ctx.world, Checkpoint(orch.version, loop_state), rank, Tag.WORK)
+    orch.to_trainer(Checkpoint(orch.version, loop_state))
     path = _trainer_reply(ctx, CheckpointDone).path
     logger.info("checkpoint of v%d at %s", orch.version, path)
     return path
@@ -67,11 +65,10 @@ def resume(ctx: RoleContext, cfg: CheckpointConfig, orch: Orchestrator, run_dir:
     """Restore the latest checkpoint of the run directory if there is one (and resume is on)."""
     from hetrl.trainer.checkpoint import latest_checkpoint
 
-    path = latest_checkpoint(checkpoint_root(run_dir)) if cfg.resume == "auto" else None
+    path = latest_checkpoint(rundir.checkpoint_root(run_dir)) if cfg.resume == "auto" else None
     if path is None:
         return LoopState()
-    for rank in ctx.plan.ranks_of("trainer"):
-        send(ctx.world, Restore(str(path)), rank, Tag.WORK)
+    orch.to_trainer(Restore(str(path)))
     restored = _trainer_reply(ctx, Restored)
     orch.load_state_dict(restored.loop_state["orchestrator"])
     if orch.version != restored.version:
@@ -90,5 +87,5 @@ def safe_point(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> None:
         return
     path = save(ctx, orch, state)
     print(f"[hetrl] pre-empted (signal {signum}) after {state.rl_steps_done} RL steps: checkpoint {path}; "
-          f"exiting with {preempt.REQUEUE_EXIT_CODE} for a requeue", flush=True)
+          f"exiting with {rundir.REQUEUE_EXIT_CODE} for a requeue", flush=True)
     raise preempt.Preempted(signum, path)

@@ -1,11 +1,19 @@
-"""The trainer role: every trainer rank takes the step's full batch, trains its DP shard, and rank 0
-streams the new weights to the engines.
+"""The trainer role: trainer rank 0 (the leader) takes each message from the orchestrator and shares
+it with the other trainer ranks; every rank trains its DP shard; the leader streams the new weights
+to the engines.
 
-Ownership: the policy's weights live here. After each optimizer step, trainer rank 0 reports the
-new version to the orchestrator and then pushes the weights in HF layout, bucket by bucket, from the
-streaming exporter (every trainer rank takes part in the exporter's gathers); the engines join the
-push when the orchestrator tells them to. Warm-start (``supervised``) steps use plain token-mean
-likelihood: no ratio, no clipping, no IS correction.
+Ownership: the policy's weights (and PPO's value model) live here. The orchestrator sends each
+message once, to the leader, whatever the number of trainer ranks; the leader broadcasts it over
+the trainer's own torch.distributed world (a gloo group, also beside NCCL), a tree on large worlds.
+The trainer turns the step's rewards into advantages itself (``hetrl.trainer.rl_step``), because
+the reference log-probs of a KL in the reward and PPO's values exist only here. After each optimizer
+step, the leader reports the new version to the orchestrator and then pushes the weights in HF
+layout, bucket by bucket, from the streaming exporter (every trainer rank takes part in the
+exporter's gathers); the engines join the push when the orchestrator tells them to. Warm-start
+(``supervised``) steps use plain token-mean likelihood: no ratio, no clipping, no IS correction.
+
+Waits: the leader's receive polls MPI (it never blocks inside MPI); the other ranks wait in the
+broadcast, whose group timeout is only a backstop: the liveness watchdog bounds every wait.
 
 Each :class:`TrainDone` also carries this rank's share of the step's time breakdown, measured
 here because only here is it visible: ``time/wait`` (idle, waiting for work, since the previous
@@ -21,6 +29,7 @@ On :class:`PushWeights` (an engine refused the last push) it pushes the same wei
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import time
@@ -33,6 +42,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send
+from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import Checkpoint, CheckpointDone, PushFailed, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
@@ -48,23 +58,38 @@ def _supervised_algorithm(cfg: HetrlConfig):
                                             "loss_aggregation": "token-mean"})
 
 
-def init_trainer_world(ctx: RoleContext) -> None:
-    """torch.distributed over the trainer ranks only (Megatron's default group), rendezvous via MPI."""
+# The work broadcast's own timeout: a backstop only. A trainer rank may wait between steps for as
+# long as generation and evaluation take; a real hang is the liveness watchdog's to catch.
+_WORK_BROADCAST_TIMEOUT = datetime.timedelta(days=1)
+
+
+def init_trainer_world(ctx: RoleContext) -> Any:
+    """torch.distributed over the trainer ranks only (Megatron's default group), rendezvous via MPI.
+
+    Returns the gloo group the leader broadcasts the orchestrator's messages over.
+    """
     import socket
 
     import torch
     import torch.distributed as dist
 
-    from hetrl.loop.roles import free_port
+    from hetrl.control.rendezvous import free_port
 
     address = (socket.gethostname(), free_port()) if ctx.role_comm.Get_rank() == 0 else None
     host, port = ctx.role_comm.bcast(address, root=0)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ctx.role_comm.Get_rank(), world_size=ctx.role_comm.Get_size())
+    return dist.new_group(backend="gloo", timeout=_WORK_BROADCAST_TIMEOUT)
 
 
-def checkpoint_root(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+def _next_message(ctx: RoleContext, work_group: Any) -> Any:
+    """The orchestrator's next message on every trainer rank: the leader receives it, then shares it."""
+    import torch.distributed as dist
+
+    box = [recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)[0] if ctx.role_comm.Get_rank() == 0 else None]
+    if ctx.role_comm.Get_size() > 1:
+        dist.broadcast_object_list(box, src=0, group=work_group)
+    return box[0]
 
 
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
@@ -72,10 +97,12 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
 
     from hetrl.monitor.mfu import MfuMeter
     from hetrl.trainer.checkpoint import start_checkpoint_writer
+    from hetrl.trainer.critic import ValueTrainer
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.policy import PolicyTrainer
+    from hetrl.trainer.rl_step import train_on_batch
 
-    init_trainer_world(ctx)
+    work_group = init_trainer_world(ctx)
     start_checkpoint_writer()  # now, so that a pre-emption signal cannot kill its helper mid-start
     torch.manual_seed(cfg.run.seed)
     total_steps = cfg.run.steps + cfg.warm_start.steps
@@ -85,6 +112,12 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     load_hf_checkpoint(trainer.module, model_dir, trainer.groups.pg_collection)
     if trainer.reference is not None:
         trainer.sync_reference()  # the reference is the initial policy, also after a resume
+    critic = None
+    if cfg.algorithm.name == "ppo":
+        critic = ValueTrainer(cfg.model, cfg.trainer, cfg.critic, cfg.algorithm, trainer.groups, seed=cfg.run.seed,
+                              total_steps=cfg.run.steps * cfg.trainer.updates_per_batch, max_len=cfg.rollout.max_tokens)
+        critic.load_initial_weights(cfg.critic.init, model_dir)
+        liveness.tick()
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
     stage_cfg = {"rl": cfg.trainer, "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0})}
@@ -96,16 +129,16 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     while True:
         liveness.idle("waiting for work from the orchestrator")
         with clock.timing("wait"):
-            message, _, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
+            message = _next_message(ctx, work_group)
         if isinstance(message, Shutdown):
             return
         liveness.busy(_activity(message, version))
         if isinstance(message, Checkpoint):
-            path = _save(trainer, cfg, run_dir, message, version)
+            path = _save(trainer, critic, cfg, run_dir, message, version)
             _reply(ctx, sender, CheckpointDone(str(path)))
             continue
         if isinstance(message, Restore):
-            version, loop_state = _restore(trainer, message.path)
+            version, loop_state = _restore(trainer, critic, message.path)
             # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
             stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
             _reply(ctx, sender, Restored(version, loop_state))
@@ -126,11 +159,14 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
             stage = wanted
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
         num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
-        metrics, trainer_logprobs = _train_on(trainer, rigged.batch(message), num_minibatches)
+        samples = rigged.samples(message)
+        metrics, logprobs = train_on_batch(trainer, critic, samples, num_minibatches=num_minibatches, max_tokens=cfg.rollout.max_tokens,
+                                           supervised=message.supervised, progress=liveness.tick)
         train_s = metrics[names.TRAIN_STEP_S] * num_minibatches  # the optimizer steps' wall time
-        metrics.update(mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in message.samples], train_s))
+        metrics.update(mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in samples], train_s))
         metrics.update(clock.take())
         version += 1
+        trainer_logprobs = [logprobs[i, : len(s.completion_ids)].numpy().astype("float32") for i, s in enumerate(samples)]
         _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
         with clock.timing("weight_sync"):
             _push_weights(ctx, trainer, cfg, sender, version)
@@ -176,11 +212,12 @@ class _RiggedFaults:
         self.nan = Countdown(found, "trainer", role_rank, "nan_loss")
         self.desync = Countdown(found, "trainer", role_rank, "desync_weights")
 
-    def batch(self, work: TrainWork) -> TrainWork:
+    def samples(self, work: TrainWork) -> list[Any]:
+        """The step's samples, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
         if not self.nan.fire():
-            return work
-        logger.warning("injected fault: NaN advantages in the batch of step %d", work.step)
-        return replace(work, advantages=[[math.nan] * len(a) for a in work.advantages])
+            return work.samples
+        logger.warning("injected fault: NaN rewards in the batch of step %d", work.step)
+        return [replace(s, reward=math.nan) for s in work.samples]
 
     def after_push(self, trainer: Any) -> None:
         if not self.desync.fire():
@@ -191,30 +228,6 @@ class _RiggedFaults:
         with torch.no_grad():
             for param in trainer.module.parameters():
                 param.add_(torch.randn_like(param) * faults.DESYNC_STD)
-
-
-def _train_on(trainer: Any, work: TrainWork, num_minibatches: int) -> tuple[dict[str, float], list[list[float]]]:
-    """Optimizer steps on contiguous minibatches of the step's batch; metrics averaged over them.
-
-    Every minibatch is scored by the policy the step started from (before any update), which is
-    what PPO's ratio and clipping compare against; those log-probs also go back for the
-    engine-vs-trainer mismatch metrics.
-    """
-    n = len(work.samples)
-    if num_minibatches > n:
-        raise ValueError(f"trainer.updates_per_batch={num_minibatches} exceeds the {n} samples of a step")
-    bounds = [n * k // num_minibatches for k in range(num_minibatches + 1)]
-    chunks = [(work.samples[a:b], work.advantages[a:b]) for a, b in zip(bounds, bounds[1:])]
-    batches = [trainer.make_batch(samples, _padded(advantages)) for samples, advantages in chunks]
-    old = [trainer.compute_logprobs(batch) for batch in batches]  # all before the first update
-    liveness.tick()
-    per_step = []
-    for batch, lp in zip(batches, old):
-        per_step.append(trainer.train_step(batch, old_logprobs=lp))
-        liveness.tick()
-    metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
-    logprobs = [lp[i, : len(s.completion_ids)].tolist() for (samples, _), lp in zip(chunks, old) for i, s in enumerate(samples)]
-    return metrics, logprobs
 
 
 def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
@@ -255,30 +268,25 @@ def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any 
     liveness.tick()
 
 
-def _save(trainer: Any, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:
+def _critic_state(critic: Any | None) -> tuple[Any, Any, Any] | None:
+    return None if critic is None else (critic.model, critic.optimizer, critic.scheduler)
+
+
+def _save(trainer: Any, critic: Any | None, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:
     from hetrl.trainer.checkpoint import save_checkpoint
 
     if message.step != version:
         raise RuntimeError(f"orchestrator asked for a checkpoint of v{message.step}, the trainer holds v{version}")
     return save_checkpoint(checkpoint_root(run_dir), version, trainer.model, trainer.optimizer, trainer.scheduler,
                            extra={"version": version, "loop": message.loop_state}, keep=cfg.checkpoint.keep,
-                           pg_collection=trainer.groups.pg_collection)
+                           pg_collection=trainer.groups.pg_collection, critic=_critic_state(critic))
 
 
-def _restore(trainer: Any, path: str) -> tuple[int, dict[str, Any]]:
+def _restore(trainer: Any, critic: Any | None, path: str) -> tuple[int, dict[str, Any]]:
     from hetrl.trainer.checkpoint import load_checkpoint
 
-    state = load_checkpoint(path, trainer.model, trainer.optimizer, trainer.scheduler, pg_collection=trainer.groups.pg_collection)
+    state = load_checkpoint(path, trainer.model, trainer.optimizer, trainer.scheduler, pg_collection=trainer.groups.pg_collection,
+                            critic=_critic_state(critic))
     trainer.step = state.step
     logger.info("resumed from %s at v%d (RNG restored: %s)", state.path, state.extra["version"], state.rng_restored)
     return state.extra["version"], state.extra["loop"]
-
-
-def _padded(advantages: list[list[float]]):
-    import torch
-
-    width = max((len(a) for a in advantages), default=1) or 1
-    out = torch.zeros(len(advantages), width)
-    for row, values in enumerate(advantages):
-        out[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
-    return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hetrl.types import Sample, SamplingParams
 
 
@@ -49,11 +51,11 @@ class RewardDone:
 
 @dataclass
 class TrainWork:
-    """One optimizer step's full batch. ``advantages`` has one list per sample (per token)."""
+    """One step's full batch of rewarded samples, sent once to the trainer's leader (trainer rank 0),
+    which shares it with the other trainer ranks; the trainer turns the rewards into advantages."""
 
     step: int
     samples: list[Sample]
-    advantages: list[list[float]]
     supervised: bool = False  # warm-start: maximise the likelihood of demonstrations
 
 
@@ -62,8 +64,9 @@ class TrainDone:
     step: int
     version: int
     metrics: dict[str, float]
-    # The trainer's log-probs of each sample's completion before the update (engine vs trainer mismatch).
-    trainer_logprobs: list[list[float]] | None = None
+    # The trainer's log-probs of each sample's completion before the update (engine vs trainer
+    # mismatch), one float32 array per sample: a quarter of the bytes of a list of Python floats.
+    trainer_logprobs: list[np.ndarray] | None = None
 
 
 @dataclass

@@ -93,6 +93,10 @@ GRAD_NORM = _spec("grad_norm", "Global gradient norm before clipping.", emitted_
 LEARNING_RATE = _spec("lr", "Learning rate used at this step.", emitted_by="trainer")
 CLIP_FRAC_DUAL = _spec("clip_frac/dual", "Fraction of policy tokens where the dual-clip bound (negative advantage, ratio > c) was active.", "fraction", "trainer")
 VALUE_CLIP_FRAC = _spec("value/clip_frac", "PPO: fraction of tokens whose value prediction was clipped.", "fraction", "trainer")
+VALUE_MEAN = _spec("value/mean", "PPO: mean value-model prediction over policy tokens during its update.", "", "trainer")
+CRITIC_GRAD_NORM = _spec("critic/grad_norm", "PPO: the value model's global gradient norm before clipping.", "", "trainer")
+CRITIC_LEARNING_RATE = _spec("critic/lr", "PPO: the value model's learning rate at this step (critic.lr and its schedule).", "", "trainer")
+CRITIC_STEP_S = _spec("critic/step_s", "PPO: wall time of the value model's optimizer step.", "s", "trainer")
 IS_WEIGHT_MEAN = _spec("is/weight_mean", "Mean importance weight of the train/inference mismatch correction (trainer vs engine probability).", "", "trainer")
 IS_MASKED_FRAC = _spec("is/masked_frac", "Fraction of policy tokens rejected by masked IS (weight above the threshold).", "fraction", "trainer")
 IS_TRUNCATED_FRAC = _spec("is/truncated_frac", "Fraction of policy tokens whose IS weight was truncated at the threshold.", "fraction", "trainer")
@@ -112,6 +116,9 @@ MISMATCH_MAX_ABS_LOGPROB_DIFF = _spec(
 STALENESS_MEAN = _spec("staleness/mean", "Mean policy lag (trainer version - oldest token version) of trained samples.", "versions")
 STALENESS_MAX = _spec("staleness/max", "Largest policy lag among trained samples.", "versions")
 STALENESS_DROPPED = _spec("staleness/dropped", "Samples dropped this step for exceeding the staleness bound.", "samples")
+STALENESS_REGENERATED = _spec(
+    "staleness/regenerated", "Samples generated again this step for exceeding the staleness bound "
+    "(schedule.stale_policy=regenerate): same sample ids, task and seeds, by the current policy.", "samples")
 WEIGHT_SYNC_REFUSED = _spec(
     "weight_sync/refused_pushes", "Weight pushes refused since the previous step, counted per engine and refusal (one resend "
     "answers every engine's refusal of a send, and none follows one superseded by a newer step's push); the engine served its "

@@ -9,6 +9,30 @@ Degenerate inputs never produce NaN: a group whose rewards are all equal, a sing
 and a batch with a single valid token carry no relative signal and get advantage 0; zero-length
 responses (an all-zero mask row) take part in their group's statistics but their advantages are 0
 because they have no token to train on.
+
+Where hetrl differs from verl (``verl/trainer/ppo/core_algos.py``) on purpose:
+
+- **A single-response group gets advantage 0** (GRPO, Dr. GRPO, RLOO). verl's GRPO gives a
+  singleton group mean 0 and std 1, so its advantage is the raw score (``score / (1 + 1e-6)``),
+  and verl's RLOO leaves a singleton's raw score too. A raw score has no baseline: a batch with
+  singletons (``group_size: 1``, a group cut down to one response) would push up every positively
+  scored response, scaled by the reward's own range, unlike any other response of the batch.
+  Use ``reinforce_pp`` for a baseline across prompts instead.
+- **Whitening epsilon.** Group normalisation divides by ``std + 1e-6`` (:data:`_STD_EPS`, the
+  unbiased std) exactly as verl's GRPO ``epsilon``; groups whose rewards are all equal get 0
+  explicitly (verl: ``0 / 1e-6``, also 0). :func:`masked_whiten` uses the same ``std + 1e-6``,
+  while verl's ``masked_whiten`` multiplies by ``rsqrt(var + 1e-8)``: an epsilon under the root,
+  ~1e-4 on the std. The two agree (to < 1e-4 relative) once the std is above ~1e-2; below ~1e-4,
+  verl shrinks the whitened values towards 0 and hetrl still scales them to unit spread. One
+  epsilon for both keeps the two normalisations alike; an all-equal batch is 0 in either. verl
+  also raises on a batch with one valid token, where hetrl returns 0.
+- **Dr. GRPO's normaliser** lives in the loss (``losses.aggregate``,
+  ``seq-mean-token-sum-norm``): ``sum_bt m x / (max_len * N_seq)`` with ``max_len`` the
+  generation budget and ``N_seq`` the step's sequences, the paper's ``1/G sum_i sum_t`` with a
+  constant length. verl's ``agg_loss`` divides a micro-batch's token sum by the width of its loss
+  mask (the padded response length) and by no sequence count, so its loss grows with the
+  sequences per micro-batch; hetrl's is a per-sequence mean, the same however the step is split.
+  Dr. GRPO's advantage here is :func:`group_normalized` with ``scale_by_std=False``.
 """
 
 from __future__ import annotations
@@ -19,8 +43,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Added to a standard deviation before dividing, as in GRPO implementations: keeps a tiny but
+# Added to a standard deviation before dividing, as verl's GRPO (epsilon=1e-6): keeps a tiny but
 # non-zero spread from inflating advantages to 1/std. Exactly-equal values are handled explicitly.
+# masked_whiten uses it too (verl there: rsqrt(var + 1e-8)); see the module docstring.
 _STD_EPS = 1e-6
 
 
@@ -60,6 +85,9 @@ def group_normalized(rewards: Tensor, group_ids: Sequence[Any] | Tensor, *, scal
     with the unbiased std of the response's group g. ``scale_by_std=False`` gives Dr. GRPO's
     ``A_i = r_i - mean_g(r)`` (Liu et al. 2025, "Understanding R1-Zero-Like Training"): dividing by
     the std over-weights groups that are nearly all right or all wrong.
+
+    A group of one response, or of equal rewards, gets 0 (verl: the raw score for a singleton;
+    see the module docstring).
     """
     mean, std, size, constant = _group_stats(rewards, group_ids)
     centred = rewards.float() - mean
@@ -71,7 +99,8 @@ def rloo(rewards: Tensor, group_ids: Sequence[Any] | Tensor) -> Tensor:
     """RLOO leave-one-out advantage, ``[N]`` (Ahmadian et al. 2024, "Back to Basics"; Kool et al. 2019).
 
     ``A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean_g(r))``: the baseline excludes the
-    response itself, so it is unbiased. A single-response group has no baseline: advantage 0.
+    response itself, so it is unbiased. A single-response group has no baseline: advantage 0
+    (verl leaves its raw score).
     """
     mean, _, size, constant = _group_stats(rewards, group_ids)
     adv = size / (size - 1.0).clamp(min=1.0) * (rewards.float() - mean)
@@ -81,8 +110,9 @@ def rloo(rewards: Tensor, group_ids: Sequence[Any] | Tensor) -> Tensor:
 def masked_whiten(x: Tensor, mask: Tensor) -> Tensor:
     """Normalise ``x`` over the valid tokens of the batch: ``(x - mean) / (std + eps)``, 0 off-mask.
 
-    Mean and unbiased std are taken over all tokens with ``mask = 1``. Fewer than two valid tokens,
-    or all of them equal, give zeros.
+    Mean and unbiased std are taken over all tokens with ``mask = 1``; ``eps = 1e-6`` is added to the
+    std (verl: ``(x - mean) * rsqrt(var + 1e-8)``; see the module docstring). Fewer than two valid
+    tokens, or all of them equal, give zeros.
     """
     if x.shape != mask.shape:
         raise ValueError(f"x and mask must share a shape, got {tuple(x.shape)} and {tuple(mask.shape)}")

@@ -10,8 +10,11 @@ gspo           grpo                 PPO-clip on GSPO ratio     seq-mean-token-me
 cispo          grpo                 CISPO (clipped IS weight)  token-mean
 rloo           rloo                 PPO-clip                   token-mean
 reinforce_pp   reinforce_pp         PPO-clip                   token-mean
-ppo            gae (value model)    PPO-clip + value loss      token-mean
+ppo            gae (value model)    PPO-clip                   token-mean
 =============  ===================  =========================  ========================
+
+ppo's value model is a model of its own (``hetrl.trainer.critic``) with its own optimizer: its
+loss, :func:`compute_value_loss`, never mixes with the policy's.
 
 Every algorithm also takes the optional pieces its config turns on: the train/inference
 importance-sampling correction (``is_correction``), a KL penalty to the reference policy (in the
@@ -19,7 +22,7 @@ loss, or folded into the reward by :func:`shape_rewards`), an entropy bonus and 
 DAPO's dynamic sampling belongs to the rollout loop (``advantages.informative_groups``).
 
 Call order per step: ``shape_rewards`` -> ``compute_advantages`` (and ``compute_value_targets``
-for ppo) on the whole batch, then ``compute_loss`` per micro-batch with the step's global
+for ppo) on the whole batch, then ``compute_loss`` (and ``compute_value_loss``) per micro-batch with the step's global
 normalisers (``losses.count_tokens_and_seqs`` summed over micro-batches and ranks), summing the
 returned losses; the returned metrics are normalised the same way, so they sum too.
 """
@@ -62,9 +65,6 @@ class LossInputs:
     rollout_logprobs: Tensor | None = None  # engine log-probs, for the IS correction
     ref_logprobs: Tensor | None = None  # reference policy, for KL
     entropy: Tensor | None = None
-    values: Tensor | None = None  # ppo value head output (requires grad)
-    old_values: Tensor | None = None
-    returns: Tensor | None = None
 
 
 def _policy_loss(algo: AlgorithmConfig, inputs: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
@@ -118,15 +118,14 @@ def compute_loss(
     and the given global normalisers; None: this micro-batch's own): ``loss/policy`` of the
     IS-weighted per-token policy loss, ``loss/kl`` of ``KL_k(pi || pi_ref)`` with the configured
     estimator (only when ``kl_coef > 0`` and the KL is not folded into the reward),
-    ``loss/entropy`` of the entropy (only when ``entropy_coef > 0``), ``loss/value`` of the clipped
-    value loss (ppo). The parts are reported before their coefficients, as hetrl.monitor.names
-    documents them.
+    ``loss/entropy`` of the entropy (only when ``entropy_coef > 0``). The parts are reported before
+    their coefficients, as hetrl.monitor.names documents them.
 
     The other metrics are token-means over policy tokens with the same ``num_global_tokens``, so
     they too sum over micro-batches: ``clip_frac/low``, ``clip_frac/high`` (``clip_frac/dual`` with
     dual clip), ``policy_kl`` (k3 estimate of KL(pi_old || pi)), and when their inputs are present
     ``approx_kl`` (k3 estimate of KL(pi || pi_ref)), ``entropy``, ``is/weight_mean``,
-    ``is/masked_frac``, ``is/truncated_frac`` and ``value/clip_frac`` (ppo).
+    ``is/masked_frac`` and ``is/truncated_frac``.
     """
     mask = inputs.mask.float()
     agg = partial(losses.aggregate, mask=mask, mode=algo.resolved_loss_aggregation,
@@ -153,18 +152,37 @@ def compute_loss(
         parts[names.LOSS_ENTROPY] = (-algo.entropy_coef, agg(inputs.entropy))
     if inputs.entropy is not None:
         metrics[names.ENTROPY] = token_mean(inputs.entropy)
-    if algo.name == "ppo":
-        _require(inputs, ["values", "old_values", "returns"], "algorithm ppo (value loss)")
-        value_per_token, value_clipped = losses.clipped_value_loss(
-            inputs.values, inputs.old_values, inputs.returns, algo.value_clip
-        )
-        parts[names.LOSS_VALUE] = (algo.value_coef, agg(value_per_token))
-        metrics[VALUE_CLIP_FRAC] = token_mean(value_clipped.float())
-
     total = sum(coef * part for coef, part in parts.values())
     metrics.update({name: part.detach() for name, (_, part) in parts.items()})
     metrics[names.LOSS_TOTAL] = total.detach()
     return total, metrics
+
+
+def compute_value_loss(
+    algo: AlgorithmConfig,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    num_global_tokens: Tensor | float | None = None,
+    num_global_seqs: Tensor | float | None = None,
+    max_len: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's value loss of one micro-batch (``value_coef`` x the clipped value loss) and its metrics.
+
+    Aggregated like the policy loss (the algorithm's aggregation, the step's global normalisers),
+    so micro-batch shares sum to the step's loss. Metrics, token-means over policy tokens that sum
+    the same way: ``loss/value`` (before ``value_coef``), ``value/clip_frac``, ``value/mean``.
+    ``value_coef`` only matters against ``trainer.grad_clip``: the critic has an optimizer of its own.
+    """
+    mask = mask.float()
+    per_token, clipped = losses.clipped_value_loss(values, old_values, returns, algo.value_clip)
+    loss = losses.aggregate(per_token, mask, algo.resolved_loss_aggregation, num_global_tokens=num_global_tokens,
+                            num_global_seqs=num_global_seqs, max_len=max_len)
+    token_mean = partial(losses.token_mean, mask=mask, num_global_tokens=num_global_tokens)
+    metrics = {names.LOSS_VALUE: loss.detach(), VALUE_CLIP_FRAC: token_mean(clipped.float()), names.VALUE_MEAN: token_mean(values.detach())}
+    return algo.value_coef * loss, metrics
 
 
 def advantage_metrics(advantages: Tensor, mask: Tensor) -> dict[str, float]:

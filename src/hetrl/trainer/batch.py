@@ -119,6 +119,12 @@ class TrainBatch:
 
         return replace(self, micro_batches=[pad(mb) for mb in self.micro_batches])
 
+    def with_advantages(self, advantages: Tensor) -> "TrainBatch":
+        """The same batch carrying per-token advantages of the step's full batch ``[num_global_samples, Tc]``
+        (computed on the trainer once every rank has the full batch's log-probs and values)."""
+        local = advantages.float()[self.global_indices]
+        return replace(self, micro_batches=[replace(mb, advantages=self.gather(local, mb) * mb.loss_mask) for mb in self.micro_batches])
+
     def scatter(self, per_micro_batch: Sequence[Tensor]) -> Tensor:
         """Sample-space tensors of each micro-batch ``[n, Tc_mb]`` -> one ``[N, Tc]`` in batch order."""
         out = torch.zeros(self.num_samples, self.max_completion_len, dtype=torch.float32)

@@ -199,13 +199,15 @@ def _rng_object(rank: int, world: int, state: dict[str, Any] | None):
     return ShardedObject("hetrl.rng_state", state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(model, optimizer, pg, *, is_loading: bool) -> dict[str, Any]:
+def _sharded_state(model, optimizer, pg, *, is_loading: bool, name: str = "model") -> dict[str, Any]:
+    """``{name: model state, name_optimizer: optimizer state}``; a second model (the critic) gets its own key prefix."""
     # A fresh dict each call: megatron adds the data-parallel group to it in place.
     metadata = {**_SHARDING_FORMAT, "dp_cp_group": pg.dp_cp}
-    model_sd = unwrap(model).sharded_state_dict(metadata=metadata)
-    state = {"model": model_sd}
+    model_sd = unwrap(model).sharded_state_dict(prefix="" if name == "model" else f"{name}.", metadata=metadata)
+    state = {name: model_sd}
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
+        state["optimizer" if name == "model" else f"{name}_optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                                                                       metadata=metadata)
     return state
 
 
@@ -222,8 +224,12 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep: int = 2,
     pg_collection=None,
+    critic: tuple[Any, Any, Any] | None = None,
 ) -> Path:
     """Save a checkpoint of ``step`` atomically under ``root``; returns its directory.
+
+    ``critic`` is PPO's value model as ``(model, optimizer, scheduler)``, saved beside the policy in
+    the same checkpoint (one atomic publish for both).
 
     ``extra`` is picklable loop state (data cursor, counters...) meant to be identical on every
     rank: rank 0's copy is saved (megatron only warns when ranks differ); it comes back as
@@ -253,10 +259,14 @@ def save_checkpoint(
         return final
     start_checkpoint_writer()
     state = _sharded_state(model, optimizer, pg, is_loading=False)
+    if critic is not None:
+        state.update(_sharded_state(critic[0], critic[1], pg, is_loading=False, name="critic"))
     state["rng"] = _rng_object(rank, dist.get_world_size(), _rng_state())
     state["hetrl"] = {
         "step": step,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "has_critic": critic is not None,
+        "critic_scheduler": critic[2].state_dict() if critic is not None and critic[2] is not None else None,
         "extra": dict(extra or {}),
         "layout": _layout(pg),
     }
@@ -277,8 +287,9 @@ def load_checkpoint(
     *,
     load_rng: bool = True,
     pg_collection=None,
+    critic: tuple[Any, Any, Any] | None = None,
 ) -> ResumeState:
-    """Restore a checkpoint into ``model`` (and ``optimizer``, ``scheduler``, RNG) in place.
+    """Restore a checkpoint into ``model`` (and ``optimizer``, ``scheduler``, RNG, ``critic``) in place.
 
     ``path`` is a checkpoint root (its ``latest`` is loaded) or one checkpoint directory. The
     current TP/PP/EP layout may differ from the saved one (see the module docstring for RNG).
@@ -294,6 +305,10 @@ def load_checkpoint(
     common = dist_checkpointing.load_common_state_dict(str(path))["hetrl"]
     same_layout = common["layout"] == _layout(pg)
     request = _sharded_state(model, optimizer, pg, is_loading=True)
+    if critic is not None:
+        if not common.get("has_critic"):
+            raise ValueError(f"{path} holds no value model: it was not saved by a PPO run (algorithm.name=ppo)")
+        request.update(_sharded_state(critic[0], critic[1], pg, is_loading=True, name="critic"))
     if load_rng and same_layout:
         request["rng"] = _rng_object(dist.get_rank(), dist.get_world_size(), None)
     elif load_rng:
@@ -304,6 +319,12 @@ def load_checkpoint(
         optimizer.load_state_dict(loaded["optimizer"])
     if scheduler is not None and common["scheduler"] is not None:
         scheduler.load_state_dict(common["scheduler"])
+    if critic is not None:
+        unwrap(critic[0]).load_state_dict({key.removeprefix("critic."): value for key, value in loaded["critic"].items()})
+        if critic[1] is not None:
+            critic[1].load_state_dict(loaded["critic_optimizer"])
+        if critic[2] is not None and common["critic_scheduler"] is not None:
+            critic[2].load_state_dict(common["critic_scheduler"])
     if "rng" in loaded:
         _set_rng_state(loaded["rng"])
     return ResumeState(path=path, step=common["step"], extra=common["extra"], rng_restored="rng" in loaded)

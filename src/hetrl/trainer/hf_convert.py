@@ -41,6 +41,8 @@ from typing import Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from hetrl.trainer.model import ValueHead
+
 Kind = Literal["replicated", "column", "row", "qkv", "gate_up", "vocab"]
 
 # Partition dimension of each kind's TP shards (None: every rank holds the full tensor).
@@ -156,6 +158,11 @@ def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
     for name, _ in model.named_parameters():
         if name == "embedding.word_embeddings.weight":
             maps.append(ParamMap(name, ("model.embed_tokens.weight",), "vocab", False, (0, 0, 0)))
+        elif name == "output_layer.weight" and isinstance(model.output_layer, ValueHead):
+            # A value model's ValueHead: HF's token-classification head with one label.
+            maps.append(ParamMap(name, ("score.weight",), "replicated", False, (3, 0, 0)))
+        elif name == "output_layer.bias":
+            maps.append(ParamMap(name, ("score.bias",), "replicated", False, (3, 0, 1)))
         elif name == "output_layer.weight":
             # Tied models keep a copy of the embedding on the last pipeline stage (PP > 1 only).
             hf = "model.embed_tokens.weight" if tied else "lm_head.weight"
@@ -290,8 +297,11 @@ def _group_rank_size(pm: ParamMap, pg) -> tuple[int, int]:
     return (0, 1) if SHARD_DIM[pm.kind] is None else (group.rank(), group.size())
 
 
-def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection=None) -> None:
+def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection=None, *, body_only: bool = False) -> None:
     """Copy an HF safetensors checkpoint into ``model`` (this rank's shards only), in place.
+
+    ``body_only`` leaves the model's output layer as it is and the checkpoint's head unused: how a
+    value model starts from a policy's checkpoint (a fresh value head on the language model).
 
     Collective: every rank of the trainer world calls it (one ``all_gather_object`` at the end
     checks, on all ranks alike, that every HF tensor was consumed by some rank and that no shape
@@ -309,6 +319,8 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
     consumed, errors = set(), []
     with torch.no_grad():
         for pm in param_maps(bare, pg):
+            if body_only and pm.megatron_name.startswith("output_layer."):
+                continue
             rank, size = _group_rank_size(pm, pg)
             param = params[pm.megatron_name]
             try:
@@ -321,7 +333,8 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
                 continue
             param.copy_(shard)
             consumed.update(pm.hf_names)
-    _raise_on_import_errors(set(ckpt.weight_map), consumed, errors, hf_dir)
+    heads = {"lm_head.weight", "score.weight", "score.bias"} if body_only else set()
+    _raise_on_import_errors(set(ckpt.weight_map) - heads, consumed, errors, hf_dir)
 
 
 def _raise_on_import_errors(available: set[str], consumed: set[str], errors: list[str], hf_dir: str | Path) -> None:

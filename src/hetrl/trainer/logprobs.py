@@ -182,7 +182,49 @@ def broadcast_from_last_stage(values: Tensor | None, shape: tuple[int, ...], gro
     return out
 
 
+def sample_values(output: Tensor, mb: MicroBatch, groups: ParallelGroups) -> Tensor:
+    """Sample-space values ``[n, Tc]`` of a micro-batch from a value model's output ``[R, T, 1]``, 0 off the loss mask.
+
+    The value of completion token ``j`` is the value head's output at the position that predicts
+    it (where the policy's log-prob of that token is read): the state the token was chosen in.
+    """
+    values = output[..., 0].float()
+    if groups.cp_size > 1:
+        values = context_parallel.gather_sequence(values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans)
+    return to_sample_space(values, mb) * mb.loss_mask.to(values.device)
+
+
 @torch.no_grad()
+def forward_sample_space(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    groups: ParallelGroups,
+    per_micro_batch: Callable[[MicroBatch, Tensor], dict[str, Tensor]],
+) -> dict[str, Tensor]:
+    """Forward-only pass over the batch: the named sample-space tensors ``[N, Tc]`` of ``per_micro_batch``, on every stage.
+
+    ``per_micro_batch(mb, output)`` maps the last stage's output for a micro-batch to its
+    sample-space tensors; only the last pipeline stage runs it, then broadcasts the results.
+    """
+    def collect(mb: MicroBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
+        return output.new_zeros(()), per_micro_batch(mb, output)
+
+    was_training = model.training
+    model.eval()
+    try:
+        stored = run_schedule(model, batch, groups, collect, forward_only=True)
+    finally:
+        model.train(was_training)
+    shape = (batch.num_samples, batch.max_completion_len)
+    keys = sorted(stored[0]) if groups.is_last_stage else None
+    if groups.pp_size > 1:
+        box = [keys]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
+        keys = box[0]
+    return {key: broadcast_from_last_stage(batch.scatter([d[key] for d in stored]) if groups.is_last_stage else None, shape, groups)
+            for key in keys}
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     batch: TrainBatch,
@@ -193,21 +235,14 @@ def forward_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Sample-space ``(logprobs, entropy or None)`` ``[N, Tc]`` of the batch's completion tokens (0 off-mask)."""
 
-    def collect(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Any]]:
+    def per_micro_batch(mb: MicroBatch, logits: Tensor) -> dict[str, Tensor]:
         lp, ent = sample_logprobs(logits, mb, groups, temperature=temperature, with_entropy=with_entropy)
-        out = {"logprobs": lp} if ent is None else {"logprobs": lp, "entropy": ent}
-        return logits.new_zeros(()), out
+        return {"logprobs": lp} if ent is None else {"logprobs": lp, "entropy": ent}
 
-    was_training = model.training
-    model.eval()
-    try:
-        stored = run_schedule(model, batch, groups, collect, forward_only=True)
-    finally:
-        model.train(was_training)
-    shape = (batch.num_samples, batch.max_completion_len)
-    logprobs = batch.scatter([d["logprobs"] for d in stored]) if groups.is_last_stage else None
-    entropy = batch.scatter([d["entropy"] for d in stored]) if (with_entropy and groups.is_last_stage) else None
-    logprobs = broadcast_from_last_stage(logprobs, shape, groups)
-    if with_entropy:
-        entropy = broadcast_from_last_stage(entropy, shape, groups)
-    return logprobs, entropy
+    out = forward_sample_space(model, batch, groups, per_micro_batch)
+    return out["logprobs"], out.get("entropy")
+
+
+def forward_values(model: torch.nn.Module, batch: TrainBatch, groups: ParallelGroups) -> Tensor:
+    """Sample-space values ``[N, Tc]`` of a value model (:class:`hetrl.trainer.model.ValueHead`) at the batch's completion tokens."""
+    return forward_sample_space(model, batch, groups, lambda mb, output: {"values": sample_values(output, mb, groups)})["values"]

@@ -29,6 +29,9 @@ ISLevel = Literal["token", "sequence"]
 # exp() of a log-ratio beyond +-20 (a factor ~5e8) only ever means a broken sample; clamping keeps
 # the ratio finite so that one such token cannot turn the whole loss into inf/NaN.
 _MAX_LOG_RATIO = 20.0
+# The k3 estimate is clamped to [-10, 10] (verl's kl_penalty does the same for 'low_var_kl' alone):
+# exp(-d) still reaches ~5e8 inside the log-ratio clamp, and d/dlogp k3 = 1 - exp(-d) with it.
+_MAX_K3 = 10.0
 
 
 def _safe_exp(log_ratio: Tensor) -> Tensor:
@@ -75,7 +78,8 @@ def aggregate(
       sum_t m] / N_seq``. Every sequence weighs the same.
     - ``seq-mean-token-sum-norm`` (Dr. GRPO, Liu et al. 2025): ``sum_bt m x / (max_len * N_seq)``
       with a constant ``max_len`` (the generation budget), which removes the length bias of
-      dividing by each response's own length.
+      dividing by each response's own length. verl's ``agg_loss`` divides by the mask's width
+      alone, not by ``N_seq`` too (see ``hetrl.trainer.advantages``' docstring).
 
     ``N_tok`` / ``N_seq`` default to this batch's own counts (see :func:`count_tokens_and_seqs`).
     Passing the counts of the whole optimizer step instead makes every term of the sum a share
@@ -191,8 +195,16 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) 
 
     With ``d = logp - logp_ref``:
     ``k1 = d`` (unbiased, high variance, can be negative); ``k2 = d^2 / 2`` (low variance, biased;
-    its gradient is the true KL gradient); ``k3 = exp(-d) - 1 + d`` (unbiased, always >= 0; GRPO's
-    choice). Gradients flow into both arguments; detach the reference as needed (it is frozen).
+    its gradient is the true KL gradient); ``k3 = clamp(exp(-d) - 1 + d, -10, 10)`` (always >= 0;
+    GRPO's choice). Gradients flow into both arguments; detach the reference as needed (it is frozen).
+
+    k3 alone is clamped, as verl's ``kl_penalty`` clamps ``low_var_kl`` alone: its gradient
+    ``d k3 / d logp = 1 - exp(-d)`` grows exponentially where the policy has pushed a token far
+    below the reference (``d << 0``), so one such token would dominate the step's update. Past 10
+    (``d < -2.61`` or ``d > 11``) the token's estimate is 10 and its gradient zero; this also makes
+    k3 biased low on such tokens (it is unbiased only unclamped). k1 and k2 grow linearly and
+    quadratically and are left as they are. ``d`` itself is first clamped to ``[-20, 20]`` so
+    that ``exp`` stays finite.
     """
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     d = logprobs - ref_logprobs
@@ -202,7 +214,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) 
         return 0.5 * d.square()
     if estimator == "k3":
         d = d.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return torch.exp(-d) - 1.0 + d
+        return (torch.exp(-d) - 1.0 + d).clamp(-_MAX_K3, _MAX_K3)
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
 
 
@@ -258,11 +270,14 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
 
     ``l_t = 1/2 max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -eps_v, eps_v) - R_t)^2)``: the
     value head may not move further than ``eps_v`` from the rollout-time values in one step.
-    Returns the per-token loss and the mask of tokens where the clipped branch is larger.
+    Returns the per-token loss and the mask of tokens where the clipped branch is larger (the clip is active).
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns)
     old_values, returns = old_values.detach(), returns.detach()
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     unclipped_err = (values - returns).square()
     clipped_err = (clipped_values - returns).square()
-    return 0.5 * torch.maximum(unclipped_err, clipped_err), clipped_err > unclipped_err
+    # The clipped branch counts only where the clip moved the value: where it did not, the two
+    # branches are equal and round-off alone would decide.
+    active = (clipped_err > unclipped_err) & ((values - old_values).abs() > clip)
+    return 0.5 * torch.maximum(unclipped_err, clipped_err), active

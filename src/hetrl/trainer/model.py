@@ -135,8 +135,12 @@ def build_gpt_model(
     seed: int = 1234,
     pre_process: bool | None = None,
     post_process: bool | None = None,
+    value_head: bool = False,
 ):  # -> megatron.core.models.gpt.GPTModel
     """The policy's ``GPTModel`` for this rank (its pipeline stage and TP/EP shards).
+
+    ``value_head`` builds PPO's value model instead: the same network whose last stage ends in a
+    :class:`ValueHead` (one scalar per position) rather than the vocabulary projection.
 
     Needs the megatron process groups (``hetrl.trainer.parallel.init_parallel``). ``seed`` seeds
     megatron's tensor-parallel RNG streams and the CPU generator the full weights are drawn from:
@@ -175,16 +179,42 @@ def build_gpt_model(
         pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
         post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
         parallel_output=True,  # logits stay vocab-sharded: log-probs never gather the vocab
-        share_embeddings_and_output_weights=model_cfg.tie_word_embeddings,
+        share_embeddings_and_output_weights=model_cfg.tie_word_embeddings and not value_head,
         position_embedding_type="rope",
         rotary_base=int(model_cfg.rope_theta),
         pg_collection=pg_collection,
     )
+    if value_head and model.post_process:
+        model.output_layer = ValueHead(config.hidden_size, trainer_cfg.sequence_parallel, model.pg_collection.tp, config.params_dtype)
     init_layout_independent(model, model_cfg, trainer_cfg, seed)
-    if model.post_process and not trainer_cfg.sequence_parallel:
+    if model.post_process and not value_head and not trainer_cfg.sequence_parallel:
         _batch_first_logits(model.output_layer)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return model.to(device)
+
+
+class ValueHead(torch.nn.Module):
+    """PPO's value head in place of ``GPTModel.output_layer``: ``V = h w + b`` per position, ``[s, b, 1]``.
+
+    The weight ``[1, hidden]`` and bias ``[1]`` are replicated on every tensor-parallel rank (one
+    output cannot be split), laid out as HF's ``score`` head of a token-classification model. It takes the output
+    layer's call (``weight`` and ``runtime_gather_output`` are the vocabulary projection's and are
+    ignored) and returns ``(values, None)`` like it. Under sequence parallelism it first gathers
+    the sequence, so every TP rank computes every position's value (and the same gradient).
+    """
+
+    def __init__(self, hidden_size: int, sequence_parallel: bool, tp_group, dtype: torch.dtype) -> None:  # noqa: ANN001 - a ProcessGroup
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+        self.sequence_parallel, self.tp_group = sequence_parallel, tp_group
+
+    def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: bool | None = None):  # noqa: ANN201
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, group=self.tp_group)
+        return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
 def _batch_first_logits(output_layer: torch.nn.Module) -> None:

@@ -115,17 +115,6 @@ class PolicyTrainer:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batch.padded_to(int(count))
 
-    def _to_global(self, local: Tensor, batch: TrainBatch) -> Tensor:
-        """A sample-space tensor of this rank's shard -> the full batch's, on every rank."""
-        out = torch.zeros(batch.num_global_samples, local.shape[1])
-        out[batch.global_indices] = local
-        if self.groups.dp_size > 1:
-            width = torch.tensor([out.shape[1]])
-            dist.all_reduce(width, op=dist.ReduceOp.MAX, group=self.groups.dp)
-            out = torch.nn.functional.pad(out, (0, int(width) - out.shape[1]))
-            dist.all_reduce(out, group=self.groups.dp)
-        return out
-
     def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Sample-space log-probs ``[N, Tc]`` of the full batch under the policy (or the reference).
 
@@ -136,14 +125,8 @@ class PolicyTrainer:
             raise RuntimeError("compute_logprobs(reference=True) needs a reference model (with_reference=True or algorithm.kl_coef > 0)")
         logprobs, entropy = forward_logprobs(model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy)
         if with_entropy:
-            return self._to_global(logprobs, batch), self._to_global(entropy, batch)
-        return self._to_global(logprobs, batch)
-
-    def _global_counts(self, batch: TrainBatch) -> tuple[Tensor, Tensor]:
-        counts = torch.tensor([losses.count_tokens_and_seqs(mb.loss_mask) for mb in batch.micro_batches]).sum(0)
-        if self.groups.dp_size > 1:
-            dist.all_reduce(counts, group=self.groups.dp)
-        return counts[0], counts[1]
+            return to_global(logprobs, batch, self.groups), to_global(entropy, batch, self.groups)
+        return to_global(logprobs, batch, self.groups)
 
     def train_step(self, batch: TrainBatch, *, old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None) -> dict[str, float]:
         """One optimizer step on the batch (all its micro-batches accumulated); the step's metrics.
@@ -158,7 +141,7 @@ class PolicyTrainer:
             old_logprobs = self.compute_logprobs(batch)
         if ref_logprobs is None and self.reference is not None:
             ref_logprobs = self.compute_logprobs(batch, reference=True)
-        num_tokens, num_seqs = self._global_counts(batch)
+        num_tokens, num_seqs = global_counts(batch, self.groups)
         local_old = old_logprobs[batch.global_indices]
         local_ref = None if ref_logprobs is None else ref_logprobs[batch.global_indices]
         # Megatron's schedule divides each micro-batch loss by M (and multiplies it by CP, which
@@ -188,7 +171,7 @@ class PolicyTrainer:
         self.scheduler.step(increment=1)  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
         _, grad_norm, _ = self.optimizer.step()
         self.step += 1
-        metrics = self._reduce_metrics(stored)
+        metrics = reduce_metrics(stored, self.groups)
         elapsed = time.perf_counter() - start
         total_tokens = torch.tensor([float(batch.num_tokens)])
         if self.groups.dp_size > 1:
@@ -201,16 +184,36 @@ class PolicyTrainer:
         })
         return metrics
 
-    def _reduce_metrics(self, stored: list[dict[str, Tensor]]) -> dict[str, float]:
-        """Sum the per-micro-batch metric shares over micro-batches and DP ranks; same dict on every rank."""
-        g = self.groups
-        result: list[Any] = [None]
-        if g.is_last_stage:
-            keys = sorted(stored[0])
-            totals = torch.stack([sum(d[k].cpu() for d in stored) for k in keys])
-            if g.dp_size > 1:
-                dist.all_reduce(totals, group=g.dp)
-            result = [dict(zip(keys, totals.tolist()))]
-        if g.pp_size > 1:
-            dist.broadcast_object_list(result, src=dist.get_global_rank(g.pp, g.pp_size - 1), group=g.pp)
-        return result[0]
+
+def to_global(local: Tensor, batch: TrainBatch, groups: ParallelGroups) -> Tensor:
+    """A sample-space tensor of this rank's shard -> the full batch's, on every rank."""
+    out = torch.zeros(batch.num_global_samples, local.shape[1])
+    out[batch.global_indices] = local
+    if groups.dp_size > 1:
+        width = torch.tensor([out.shape[1]])
+        dist.all_reduce(width, op=dist.ReduceOp.MAX, group=groups.dp)
+        out = torch.nn.functional.pad(out, (0, int(width) - out.shape[1]))
+        dist.all_reduce(out, group=groups.dp)
+    return out
+
+
+def global_counts(batch: TrainBatch, groups: ParallelGroups) -> tuple[Tensor, Tensor]:
+    """The step's policy tokens and sequences over all DP ranks (the loss normalisers)."""
+    counts = torch.tensor([losses.count_tokens_and_seqs(mb.loss_mask) for mb in batch.micro_batches]).sum(0)
+    if groups.dp_size > 1:
+        dist.all_reduce(counts, group=groups.dp)
+    return counts[0], counts[1]
+
+
+def reduce_metrics(stored: list[dict[str, Tensor]], groups: ParallelGroups) -> dict[str, float]:
+    """Sum the per-micro-batch metric shares over micro-batches and DP ranks; same dict on every rank."""
+    result: list[Any] = [None]
+    if groups.is_last_stage:
+        keys = sorted(stored[0])
+        totals = torch.stack([sum(d[k].cpu() for d in stored) for k in keys])
+        if groups.dp_size > 1:
+            dist.all_reduce(totals, group=groups.dp)
+        result = [dict(zip(keys, totals.tolist()))]
+    if groups.pp_size > 1:
+        dist.broadcast_object_list(result, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
+    return result[0]
