@@ -57,7 +57,8 @@ def test_moe_colocated_at_scale(nodes):
 
 @pytest.mark.parametrize("nodes", [8, 128, 1024])
 def test_dense_disaggregated_split(nodes):
-    plan = plan_of("dense_grpo", f"nodes={nodes}", f"rollout.engine_nodes={nodes // 4}")
+    # A step must give every data-parallel rank samples: the batch grows with the cluster.
+    plan = plan_of("dense_grpo", f"nodes={nodes}", f"rollout.engine_nodes={nodes // 4}", f"run.prompts_per_step={max(128, 2 * nodes)}")
     check_consistent(plan)
     assert plan.trainer.nodes == nodes - nodes // 4 and plan.rollout.nodes == nodes // 4
     assert plan.trainer.data_parallel == plan.trainer.world_size // 4

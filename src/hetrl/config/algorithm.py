@@ -63,6 +63,9 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.name=ppo uses advantage 'gae', got {self.advantage!r}")
         if self.resolved_advantage in ("grpo", "grpo_no_std", "rloo") and self.group_size < 2:
             raise ValueError(f"advantage {self.resolved_advantage!r} compares responses within a group: algorithm.group_size must be >= 2, got {self.group_size}")
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward=true folds kl_coef x KL into the reward, but algorithm.kl_coef=0 leaves nothing to fold "
+                             "(and no reference model): set algorithm.kl_coef > 0, or kl_in_reward=false")
         return self
 
     @property

@@ -1,16 +1,30 @@
 """``env:`` — which environment episodes run in and where its tasks come from.
 
-Environment and task-source names resolve through allowlists in ``hetrl.env`` (a recipe can
-never import arbitrary code).
+Environment and task-source names resolve through allowlists in ``hetrl.env.registry`` (a recipe
+can never import arbitrary code); the names are checked here too, so that a misspelt one is refused
+on the login node rather than by the first rollout rank.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from hetrl.config.base import Section
+
+# The keys of hetrl.env.registry's ENVIRONMENTS and TASK_SOURCES (a test keeps them equal).
+ENVIRONMENT_NAMES = ("code", "math", "multimodal", "terminal", "tool_math")
+TASK_SOURCE_NAMES = ("file", "file_ops", "human_eval", "reasoning_gym", "shapes")
+
+
+def _check_name(value: str, names: tuple[str, ...], kind: str) -> str:
+    if value not in names:
+        close = difflib.get_close_matches(value, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {kind} {value!r}{hint}; valid names: {', '.join(names)}")
+    return value
 
 
 class TaskSourceConfig(Section):
@@ -27,6 +41,21 @@ class TaskSourceConfig(Section):
         description="source=reasoning_gym: the sentence after each question that says how to format the answer; null = "
         "the source's own (answer inside <answer></answer> tags), \"\" = none (e.g. when a warm start teaches the format).",
     )
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        return _check_name(v, TASK_SOURCE_NAMES, "task source")
+
+    @model_validator(mode="after")
+    def _check_source_keys(self) -> "TaskSourceConfig":
+        if self.source == "file" and self.path is None:
+            raise ValueError("path is required when source is 'file': set it to the JSONL or Parquet file of tasks")
+        if self.source != "reasoning_gym":
+            for key, value, unset in (("options", self.options or None, "{}"), ("answer_instruction", self.answer_instruction, "null")):
+                if value is not None:
+                    raise ValueError(f"{key} is not used by task source {self.source!r} (only by reasoning_gym): set it to {unset}")
+        return self
 
 
 class EnvConfig(Section):
@@ -46,3 +75,8 @@ class EnvConfig(Section):
         "GPU nodes' cores.",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts).")
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, v: str) -> str:
+        return _check_name(v, ENVIRONMENT_NAMES, "environment")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hetrl.config.base import Section
 
@@ -55,3 +55,13 @@ class WarmStartConfig(Section):
     lr: float = Field(1e-3, gt=0.0, description="Learning rate of the warm start (a stage of its own: RL then starts with a fresh optimizer at trainer.lr).")
     template: str = Field("\\boxed{{{answer}}}", description="How a demonstration answers: a format string with {answer} (the task's reference answer).")
     seed_offset: int = Field(7919, description="Demonstration tasks come from the training source with seed run.seed + this (not the eval draw).")
+
+    @field_validator("template")
+    @classmethod
+    def _formats_with_answer(cls, v: str) -> str:
+        try:
+            v.format(answer="")
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"warm_start.template={v!r} is not a format string over {{answer}} alone ({type(err).__name__}: {err}); "
+                             "write a literal brace as {{ or }}") from None
+        return v

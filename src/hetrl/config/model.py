@@ -56,6 +56,10 @@ class ModelConfig(Section):
             raise ValueError(f"model.num_experts is set but model.arch={self.arch!r} is dense; use arch=qwen3_moe")
         if is_moe and self.moe_router_topk > self.num_experts:
             raise ValueError(f"model.moe_router_topk={self.moe_router_topk} exceeds model.num_experts={self.num_experts}")
+        if is_moe and self.moe_router_topk == 1:
+            # Megatron refuses top-1 softmax routing (a softmax over one logit has no gradient); its
+            # pre-softmax alternative would weight the expert unlike the HF Qwen3-MoE the engines serve.
+            raise ValueError("model.moe_router_topk=1: Megatron's softmax router needs at least 2 experts per token; use moe_router_topk >= 2")
         return self
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hetrl.config.base import Section
 
@@ -49,6 +49,14 @@ class RolloutConfig(Section):
         None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1', or '0-3|4-7' per TP worker (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use, split evenly over the TP workers."
     )
     partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RolloutConfig":
+        if self.cpu_threads_bind and len(self.cpu_threads_bind.split("|")) != self.engine_tensor_parallel:
+            raise ValueError(f"rollout.cpu_threads_bind={self.cpu_threads_bind!r} names {len(self.cpu_threads_bind.split('|'))} core list(s) "
+                             f"for rollout.engine_tensor_parallel={self.engine_tensor_parallel} TP workers: give one list per worker, "
+                             "separated by '|' (e.g. '0-3|4-7' for TP 2), or null")
+        return self
 
     def weight_sync_bucket_bytes(self, on_gpu: bool) -> int:
         """The weight-sync bucket size in bytes (``weight_sync_bucket_mb``, or its default for the device)."""

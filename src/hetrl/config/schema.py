@@ -18,6 +18,7 @@ from hetrl.config.monitor import MonitorConfig
 from hetrl.config.reward import RewardConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.config.trainer import TrainerConfig
+from hetrl.models.tokenizer import MIN_VOCAB_SIZE
 
 
 class HetrlConfig(Section):
@@ -40,8 +41,89 @@ class HetrlConfig(Section):
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "HetrlConfig":
-        if self.cluster.gpus_per_node == 0 and self.trainer.precision != "fp32":
-            raise ValueError(f"trainer.precision={self.trainer.precision!r} on a CPU-only cluster profile (cluster.gpus_per_node=0): use trainer.precision=fp32")
+        """Combinations that validate section by section but fail on the compute nodes: refused here,
+        on the login node (each check names the runtime code that would fail)."""
         if self.trainer.expert_parallel > 1 and not self.model.is_moe:
             raise ValueError(f"trainer.expert_parallel={self.trainer.expert_parallel} needs an MoE model (model.arch=qwen3_moe)")
+        if self.cluster.gpus_per_node == 0:
+            _check_cpu_profile(self)
+        _check_model_layout(self)
+        _check_engines(self)
+        _check_algorithm_and_stages(self)
+        _check_batch_and_lengths(self)
         return self
+
+
+def _check_cpu_profile(cfg: HetrlConfig) -> None:
+    """What the trainer and the transports refuse without a GPU (trainer/parallel.py check_layout, ...)."""
+    t, cpu = cfg.trainer, "on a CPU-only cluster profile (cluster.gpus_per_node=0)"
+    if t.precision != "fp32":
+        raise ValueError(f"trainer.precision={t.precision!r} {cpu}: use trainer.precision=fp32")
+    if t.sequence_parallel:
+        raise ValueError(f"trainer.sequence_parallel=true {cpu}: megatron's CPU LayerNorm path lacks it; set trainer.sequence_parallel=false")
+    if t.transformer_impl == "transformer_engine":
+        raise ValueError(f"trainer.transformer_impl=transformer_engine {cpu}: transformer-engine needs a GPU; use auto or local")
+    if cfg.model.is_moe and t.tensor_parallel > 1:
+        # megatron's MoELayer refuses to train under TP without sequence parallelism, which CPU runs lack.
+        raise ValueError(f"trainer.tensor_parallel={t.tensor_parallel} with an MoE model {cpu}: megatron trains MoE layers under "
+                         "tensor parallelism only with trainer.sequence_parallel, which CPU runs lack; use trainer.tensor_parallel=1 "
+                         "(and trainer.expert_parallel to split the experts)")
+    if cfg.rollout.weight_sync == "ipc":
+        raise ValueError(f"rollout.weight_sync=ipc {cpu}: CUDA IPC needs GPUs; use auto, collective or filesystem")
+
+
+def _check_model_layout(cfg: HetrlConfig) -> None:
+    """Shapes the trainer's parallel layout must divide, beyond the planner's (control/plan.py)."""
+    m, tp = cfg.model, cfg.trainer.tensor_parallel
+    if m.is_moe and tp > 1 and not cfg.trainer.sequence_parallel:
+        # megatron's MoELayer refuses to train under TP without sequence parallelism.
+        raise ValueError(f"trainer.tensor_parallel={tp} with an MoE model needs trainer.sequence_parallel=true: megatron trains MoE "
+                         "layers under tensor parallelism only with sequence parallelism")
+    if m.is_moe and m.moe_ffn_hidden_size % tp:
+        gpn = cfg.cluster.gpus_per_node
+        valid = [d for d in range(1, m.moe_ffn_hidden_size + 1) if m.moe_ffn_hidden_size % d == 0 and (not gpn or d <= gpn)][:8]
+        raise ValueError(f"trainer.tensor_parallel={tp} does not divide model.moe_ffn_hidden_size={m.moe_ffn_hidden_size} "
+                         f"(megatron splits each expert's MLP over TP); valid tensor_parallel values: {valid}")
+    if m.hf_checkpoint is None and m.vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"model.vocab_size={m.vocab_size} is smaller than the built-in character tokenizer a random-init model "
+                         f"(model.hf_checkpoint=null) is written with: set model.vocab_size >= {MIN_VOCAB_SIZE}")
+
+
+def _check_engines(cfg: HetrlConfig) -> None:
+    """What vLLM and the weight transports refuse at start-up (rollout/engine.py, transport/weights/factory.py)."""
+    r, m = cfg.rollout, cfg.model
+    if r.max_model_len is not None and r.max_model_len > m.max_position_embeddings:
+        raise ValueError(f"rollout.max_model_len={r.max_model_len} exceeds model.max_position_embeddings={m.max_position_embeddings}: "
+                         "vLLM refuses a context longer than the checkpoint's; lower rollout.max_model_len or leave it null")
+    if r.weight_sync == "ipc" and cfg.cluster.gpus_per_node:
+        engines = r.num_engines or cfg.cluster.gpus_per_node // r.engine_tensor_parallel
+        if r.placement != "colocated" or cfg.nodes != 1 or engines != 1:
+            # transport/weights/factory.py resolve_transport: IPC handles open only on trainer rank 0's GPU.
+            raise ValueError("rollout.weight_sync=ipc needs the job's only engine colocated on trainer rank 0's GPU (rollout.placement="
+                             f"colocated, nodes=1, one engine), got placement={r.placement}, nodes={cfg.nodes}, {engines} engine(s); "
+                             "use rollout.weight_sync=auto (it picks ipc when it can) or collective")
+
+
+def _check_algorithm_and_stages(cfg: HetrlConfig) -> None:
+    """The critic (read by ppo only) and the warm-start stage's LR schedule (trainer/optim.py: megatron asserts lr >= min_lr)."""
+    if cfg.algorithm.name != "ppo":
+        changed = [f"critic.{key}" for key, value in cfg.critic if value != CriticConfig.model_fields[key].default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} set, but algorithm.name={cfg.algorithm.name!r} has no value model (only ppo "
+                             "reads critic:): remove them, or use algorithm.name=ppo")
+    if cfg.warm_start.steps and cfg.trainer.min_lr > cfg.warm_start.lr:
+        raise ValueError(f"trainer.min_lr={cfg.trainer.min_lr:g} exceeds warm_start.lr={cfg.warm_start.lr:g}, and the warm start's "
+                         "schedule decays to trainer.min_lr: lower trainer.min_lr or raise warm_start.lr")
+
+
+def _check_batch_and_lengths(cfg: HetrlConfig) -> None:
+    """A step's batch against how the trainer splits it (trainer/rl_step.py, trainer/batch.py)."""
+    samples = cfg.run.prompts_per_step * cfg.algorithm.group_size
+    if cfg.trainer.updates_per_batch > samples:
+        raise ValueError(f"trainer.updates_per_batch={cfg.trainer.updates_per_batch} splits each step's run.prompts_per_step x "
+                         f"algorithm.group_size = {cfg.run.prompts_per_step} x {cfg.algorithm.group_size} = {samples} samples into "
+                         f"that many minibatches: use trainer.updates_per_batch <= {samples}")
+    pack = cfg.trainer.pack_length
+    if pack is not None and pack < cfg.env.max_episode_tokens:
+        raise ValueError(f"trainer.pack_length={pack} is shorter than env.max_episode_tokens={cfg.env.max_episode_tokens}: an episode "
+                         f"that long fits no bin; use trainer.pack_length >= {cfg.env.max_episode_tokens}")

@@ -47,6 +47,8 @@ class TrainerConfig(Section):
     def _check(self) -> "TrainerConfig":
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("trainer.sequence_parallel=true needs trainer.tensor_parallel > 1")
+        if self.min_lr > self.lr:
+            raise ValueError(f"trainer.min_lr={self.min_lr:g} exceeds trainer.lr={self.lr:g}: the schedule decays from lr down to min_lr; set min_lr <= lr")
         return self
 
     @property

@@ -276,7 +276,16 @@ def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
             f"{world} trainer GPUs are not divisible by TP x PP x EP = {tp} x {pp} x {ep} = {tp * pp * ep} (expert-parallel groups)"
             + _nearby_nodes_hint(cfg, lambda w: w % model_parallel == 0 and w % (tp * pp * ep) == 0)
         )
-    return TrainerLayout(nodes, world, tp, pp, cp, ep, world // model_parallel)
+    dp = world // model_parallel
+    # Every data-parallel rank needs a sample of every minibatch (trainer/batch.py shard_for_data_parallel).
+    minibatch = cfg.run.prompts_per_step * cfg.algorithm.group_size // t.updates_per_batch
+    if minibatch < dp:
+        raise PlanError(f"each minibatch of {minibatch} samples (run.prompts_per_step x algorithm.group_size / trainer.updates_per_batch) "
+                        f"cannot feed the trainer's {dp} data-parallel ranks: raise run.prompts_per_step or lower trainer.updates_per_batch")
+    if cfg.warm_start.steps and cfg.warm_start.batch_size < dp:
+        raise PlanError(f"warm_start.batch_size={cfg.warm_start.batch_size} cannot feed the trainer's {dp} data-parallel ranks: "
+                        f"use warm_start.batch_size >= {dp}")
+    return TrainerLayout(nodes, world, tp, pp, cp, ep, dp)
 
 
 def _nearby_nodes_hint(cfg: HetrlConfig, fits) -> str:

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from hetrl.config.loader import ConfigError, load_config, save_resolved
+from hetrl.config.paths import check_paths
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
 from hetrl.control.plan import Plan, PlanError, make_plan
@@ -53,15 +55,22 @@ def main(argv: list[str]) -> int:
     recipe = next((w.split("=", 1)[1] for w in words if w.startswith("recipe=")), "tiny_grpo")
     overrides = [w for w in words if not w.startswith("recipe=")]
     try:
-        cfg = load_config(recipe, overrides)
-        plan = make_plan(cfg)
+        cfg, plan = compose_and_plan(recipe, overrides)
     except (ConfigError, PlanError) as err:
-        console.print(f"[red]error:[/red] {err}", markup=False, highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
     run_dir = prepare_run_dir(cfg, plan)
     if "--dry-run" in flags:
         return dry_run(cfg, plan, run_dir, Console())
     return launch(cfg, plan, run_dir, check="--check" in flags)
+
+
+def compose_and_plan(recipe: str, overrides: list[str]) -> tuple[HetrlConfig, Plan]:
+    """Every check a launch or dry run makes on the login node: the recipe composed and validated,
+    the files it names present, the layout planned. Raises ConfigError or PlanError."""
+    cfg = load_config(recipe, overrides)
+    check_paths(cfg)
+    return cfg, make_plan(cfg)
 
 
 def prepare_run_dir(cfg: HetrlConfig, plan: Plan) -> Path:

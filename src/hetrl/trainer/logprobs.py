@@ -19,6 +19,7 @@ log-probs back (:func:`sample_logprobs`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -144,8 +145,11 @@ def run_schedule(
     # megatron keeps the MoE aux-loss gradient scale in a class global whose shape is whatever its
     # first setter used (a bare MoE backward makes it [], the schedule copies a [1] into it).
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
-    if groups.cp_size > 1:
-        batch = batch.with_length_multiple(2 * groups.cp_size)  # each CP rank holds 2 equal chunks of every span
+    multiple = 2 * groups.cp_size if groups.cp_size > 1 else 1  # each CP rank holds 2 equal chunks of every span
+    if get_model_config(model).sequence_parallel:
+        multiple = math.lcm(multiple, groups.tp_size)  # sequence parallelism splits every row's tokens over TP
+    if multiple > 1:
+        batch = batch.with_length_multiple(multiple)
     if groups.pp_size > 1:
         batch = batch.uniform()  # p2p transfers between stages assume one activation shape
     rows, length = batch.shape

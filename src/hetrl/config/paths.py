@@ -1,0 +1,46 @@
+"""Login-node checks of the files a validated recipe names: each must be there before the job is.
+
+``launch.py`` runs :func:`check_paths` after validation and before planning, so that a missing
+checkpoint is refused by the dry run rather than by the first rank to open it. These are not schema
+validators: every rank validates the resolved config again, and a notebook may compose a recipe
+on a machine that lacks the files. Relative paths are taken from the current directory, as the
+job's processes take them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetrl.config.loader import ConfigError
+from hetrl.config.schema import HetrlConfig
+
+# critic.init values that name no path (hetrl.trainer.critic.ValueTrainer.load_initial_weights).
+CRITIC_INITS = ("policy", "fresh")
+
+
+def check_paths(cfg: HetrlConfig) -> None:
+    """Raise :class:`ConfigError` listing every named file or directory that is missing or incomplete."""
+    problems = []
+    if cfg.model.hf_checkpoint is not None:
+        problems += _hf_checkpoint_problems("model.hf_checkpoint", cfg.model.hf_checkpoint)
+    if cfg.algorithm.name == "ppo" and cfg.critic.init not in CRITIC_INITS:
+        if Path(cfg.critic.init).exists():
+            problems += _hf_checkpoint_problems("critic.init", cfg.critic.init)
+        else:
+            problems.append(f"critic.init={cfg.critic.init!r} is neither 'policy' nor 'fresh' nor an existing path (an HF "
+                            "token-classification checkpoint directory)")
+    for key, tasks in (("env.tasks", cfg.env.tasks), ("env.eval_tasks", cfg.env.eval_tasks)):
+        if tasks is not None and tasks.source == "file" and tasks.path is not None and not Path(tasks.path).is_file():
+            problems.append(f"{key}.path={tasks.path!r} is not a file (a JSONL or Parquet file of tasks)")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _hf_checkpoint_problems(key: str, path: str) -> list[str]:
+    """What keeps ``path`` from being an HF checkpoint directory the trainer and vLLM can load."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return [f"{key}={path!r} is not a directory: point it at an HF checkpoint directory (config.json + *.safetensors)"]
+    missing = [name for name, present in (("config.json", (directory / "config.json").is_file()),
+                                          ("*.safetensors", any(directory.glob("*.safetensors")))) if not present]
+    return [f"{key}={path!r} has no {' and no '.join(missing)}: not an HF checkpoint directory"] if missing else []

@@ -1,0 +1,98 @@
+"""Combinations that cannot run are refused on the login node, by the checks every launch and dry run
+makes (hetrl.launch.cli.compose_and_plan), with a message naming the keys and the way out."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetrl.config.loader import ConfigError
+from hetrl.control.plan import PlanError
+from hetrl.launch.cli import compose_and_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, message",
+    [
+        # the planner's shape checks (megatron's asserts in trainer/model.py build_gpt_model)
+        ("moe_grpo", ["trainer.pipeline_parallel=5"], "pipeline_parallel=5 does not divide model.num_layers=48"),
+        ("moe_grpo", ["trainer.expert_parallel=3"], "expert_parallel=3 does not divide model.num_experts=128"),
+        ("moe_grpo", ["trainer.tensor_parallel=3"], "tensor_parallel=3 does not divide model.num_attention_heads=32"),
+        ("moe_grpo", ["model.moe_ffn_hidden_size=769"], r"tensor_parallel=2 does not divide model.moe_ffn_hidden_size=769.*valid tensor_parallel values: \[1\]"),
+        ("moe_grpo", ["trainer.sequence_parallel=false"], "tensor_parallel=2 with an MoE model needs trainer.sequence_parallel=true"),
+        ("moe_grpo", ["nodes=128", "trainer.updates_per_batch=32"], "each minibatch of 64 samples .* cannot feed the trainer's 128 data-parallel ranks"),
+        ("moe_grpo", ["nodes=128", "warm_start.steps=1", "warm_start.batch_size=64"], "warm_start.batch_size=64 cannot feed the trainer's 128 data-parallel ranks"),
+        ("moe_grpo", ["model.moe_router_topk=1"], "moe_router_topk=1: .*use moe_router_topk >= 2"),
+        ("tiny_grpo", ["model.vocab_size=64"], "model.vocab_size=64 is smaller than the built-in character tokenizer.*>= 101"),
+        # what CPU-only profiles cannot do (trainer/parallel.py check_layout, megatron's MoELayer, CUDA IPC)
+        ("tiny_grpo", ["trainer.precision=bf16"], "trainer.precision='bf16' on a CPU-only cluster profile"),
+        ("tiny_grpo", ["trainer.tensor_parallel=2", "trainer.sequence_parallel=true"], "sequence_parallel=true on a CPU-only.*set trainer.sequence_parallel=false"),
+        ("tiny_grpo", ["trainer.transformer_impl=transformer_engine"], "transformer_impl=transformer_engine on a CPU-only.*use auto or local"),
+        ("tiny_grpo", ["model=tiny_qwen3_moe", "trainer.tensor_parallel=2"], "tensor_parallel=2 with an MoE model on a CPU-only.*use trainer.tensor_parallel=1"),
+        ("tiny_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc on a CPU-only.*use auto, collective or filesystem"),
+        ("dense_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc needs the job's only engine colocated.*placement=disaggregated"),
+        # engines (vLLM refuses a context beyond the checkpoint's; rollout/engine.py core lists)
+        ("tiny_grpo", ["rollout.max_model_len=1024"], "rollout.max_model_len=1024 exceeds model.max_position_embeddings=256"),
+        ("tiny_grpo", ["rollout.cpu_threads_bind=0-1|2-3"], r"cpu_threads_bind='0-1\|2-3' names 2 core list\(s\) for rollout.engine_tensor_parallel=1"),
+        # algorithm and stages
+        ("tiny_grpo", ["algorithm.kl_in_reward=true"], "kl_in_reward=true .* algorithm.kl_coef=0 leaves nothing to fold.*set algorithm.kl_coef > 0"),
+        ("tiny_grpo", ["critic.lr=0.001"], r"critic.lr set, but algorithm.name='grpo' has no value model.*use algorithm.name=ppo"),
+        ("dense_grpo", ["critic.init=fresh", "critic.lr=0.001"], "critic.init, critic.lr set, but algorithm.name='grpo'"),
+        ("tiny_grpo", ["trainer.min_lr=0.001"], "trainer.min_lr=0.001 exceeds trainer.lr=0.0005"),
+        ("tiny_grpo", ["warm_start.lr=1.0e-4", "trainer.min_lr=2.0e-4"], "trainer.min_lr=0.0002 exceeds warm_start.lr=0.0001"),
+        ("tiny_grpo", ["warm_start.template='{answer} {score}'"], r"warm_start.template=.* is not a format string over \{answer\} alone"),
+        # a step's batch and lengths (trainer/rl_step.py minibatch_bounds, trainer/batch.py packing)
+        ("tiny_grpo", ["trainer.updates_per_batch=129"], r"updates_per_batch=129 .* 16 x 8 = 128 samples.*updates_per_batch <= 128"),
+        ("tiny_ppo", ["run.prompts_per_step=2", "trainer.updates_per_batch=17"], "updates_per_batch <= 16"),
+        ("tiny_grpo", ["trainer.pack_length=64"], "pack_length=64 is shorter than env.max_episode_tokens=160"),
+        # environments and task sources (hetrl.env.registry)
+        ("tiny_grpo", ["env.name=maths"], r"unknown environment 'maths' \(did you mean 'math'\?\); valid names: code, math"),
+        ("tiny_grpo", ["env.tasks.source=reasoninggym"], r"unknown task source 'reasoninggym' \(did you mean 'reasoning_gym'\?\)"),
+        ("tiny_tool_grpo", ["env.tasks.source=file"], r"env.tasks: path is required when source is 'file'"),
+        ("tiny_grpo", ["env.tasks.source=human_eval"], r"env.tasks: options is not used by task source 'human_eval'.*set it to \{\}"),
+        # files named by the recipe (hetrl.config.paths)
+        ("tiny_ppo", ["critic.init={tmp}/no_such_dir"], "critic.init='.*no_such_dir' is neither 'policy' nor 'fresh' nor an existing path"),
+        ("tiny_ppo", ["critic.init={tmp}"], "critic.init='.*' has no config.json and no \\*.safetensors"),
+        ("tiny_grpo", ["model.hf_checkpoint={tmp}/missing"], "model.hf_checkpoint='.*missing' is not a directory"),
+        ("tiny_grpo", ["env.tasks.source=file", "env.tasks.path={tmp}/tasks.jsonl", "env.tasks.options={}", "env.tasks.answer_instruction=null"], "env.tasks.path='.*tasks.jsonl' is not a file"),
+    ],
+)
+def test_refused_on_the_login_node(recipe, overrides, message, tmp_path):
+    with pytest.raises((ConfigError, PlanError)) as err:
+        compose_and_plan(recipe, [o.replace("{tmp}", str(tmp_path)) for o in overrides])
+    assert re.search(message, str(err.value)), str(err.value)
+
+
+def test_an_hf_checkpoint_directory_is_accepted_as_critic_init(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    cfg, _ = compose_and_plan("tiny_ppo", [f"critic.init={tmp_path}", f"model.hf_checkpoint={tmp_path}"])
+    assert cfg.critic.init == str(tmp_path)
+
+
+@pytest.mark.parametrize("algorithm", sorted(p.stem for p in (ROOT / "recipes" / "algorithm").glob("*.yaml")))
+def test_every_algorithm_group_plans_on_a_cluster_recipe(algorithm):
+    cfg, _ = compose_and_plan("dense_grpo", [f"algorithm={algorithm}"])
+    assert cfg.algorithm.name == algorithm
+
+
+@pytest.mark.parametrize("choice", ["algorithm.name=ppo", "algorithm=ppo"])
+def test_ppo_at_scale_dry_run(choice, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "recipe=moe_grpo", "nodes=128", choice,
+                           f"run.output_dir={tmp_path}", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "hetrl plan: moe_grpo, 128 GPU node(s)" in proc.stdout and "TP 2 x PP 4 x CP 1 x DP 128 (EP 8)" in proc.stdout
+    resolved = yaml.safe_load((tmp_path / "moe_grpo" / "config.yaml").read_text())
+    assert resolved["algorithm"]["name"] == "ppo" and resolved["critic"]["init"] == "policy"
+
+
+def test_environment_and_task_source_names_match_the_registry():
+    from hetrl.config.env import ENVIRONMENT_NAMES, TASK_SOURCE_NAMES
+    from hetrl.env.registry import ENVIRONMENTS, TASK_SOURCES
+
+    assert ENVIRONMENT_NAMES == tuple(sorted(ENVIRONMENTS)) and TASK_SOURCE_NAMES == tuple(sorted(TASK_SOURCES))
