@@ -49,7 +49,7 @@ def build_contender(samples, advantages):
 
     trainer = PolicyTrainer(ModelConfig(arch="llama", **MODEL), TrainerConfig(precision="fp32", lr=1e-5, micro_batch_size=SEQS),
                             AlgorithmConfig(name="grpo", group_size=4, is_correction="none"), with_reference=False)
-    batch = trainer.make_batch(samples, advantages)
+    batch = trainer.make_batch(samples).with_advantages(torch.as_tensor(advantages))
     old = trainer.compute_logprobs(batch)
     num_params = sum(p.numel() for p in trainer.module.parameters())
     return (lambda: trainer.train_step(batch, old_logprobs=old)), num_params

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_grpo", ["rollout.max_model_len=1024"], "rollout.max_model_len=1024 exceeds model.max_position_embeddings=256"),
         ("tiny_grpo", ["rollout.cpu_threads_bind=0-1|2-3"], r"cpu_threads_bind='0-1\|2-3' names 2 core list\(s\) for rollout.engine_tensor_parallel=1"),
         # algorithm and stages
+        ("tiny_grpo", ["algorithm.lam=1.0"], "algorithm.lam set, but only algorithm.name=ppo .* reads them"),
         ("tiny_grpo", ["algorithm.kl_in_reward=true"], "kl_in_reward=true .* algorithm.kl_coef=0 leaves nothing to fold.*set algorithm.kl_coef > 0"),
         ("tiny_grpo", ["critic.lr=0.001"], r"critic.lr set, but algorithm.name='grpo' has no value model.*use algorithm.name=ppo"),
         ("dense_grpo", ["critic.init=fresh", "critic.lr=0.001"], "critic.init, critic.lr set, but algorithm.name='grpo'"),

@@ -19,3 +19,30 @@ def test_a_message_does_not_hold_its_receiver_while_the_sender_waits_elsewhere(t
     proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, str(RIG), str(tmp_path / "go"), str(payload)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and f"OK {payload}" in proc.stdout, proc.stdout + proc.stderr
+
+
+SHARE = """
+import signal, time
+from mpi4py import MPI
+from hetrl.control.comm import share
+world = MPI.COMM_WORLD
+start, handled = time.monotonic(), []
+signal.signal(signal.SIGALRM, lambda *_: handled.append(time.monotonic() - start))
+signal.setitimer(signal.ITIMER_REAL, 0.3)  # a signal (a pre-emption, say) arrives while the rank waits
+if world.Get_rank() == 0:
+    time.sleep(1.5)  # the others wait for the step meanwhile
+    objects = [share(world, {"step": 7, "tokens": list(range(n))}) for n in (3, 300_000)]
+else:
+    objects = [share(world) for _ in range(2)]
+print("OK", world.Get_rank(), [len(o["tokens"]) for o in objects], objects[0]["step"], handled[0] < 1.0, flush=True)
+"""
+
+
+def test_share_hands_the_leaders_object_to_every_rank():
+    """The trainer leader's broadcast (small and large messages) reaches every rank whole, and a rank
+    waiting in it still handles its signals then, not once the message came."""
+    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, "-c", SHARE],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("OK")) == [
+        f"OK {rank} [3, 300000] 7 True" for rank in range(3)], proc.stdout

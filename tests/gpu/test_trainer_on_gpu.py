@@ -111,7 +111,7 @@ def test_a_bf16_policy_gradient_step_moves_logprobs_the_advantaged_way():
     try:
         samples = make_samples(8, vocab=MODEL.vocab_size)
         advantages = torch.tensor([1.0, -1.0] * 4)
-        batch = policy.make_batch(samples, advantages)
+        batch = policy.make_batch(samples).with_advantages(advantages)
         before = policy.compute_logprobs(batch)
         metrics = [policy.train_step(batch, old_logprobs=before) for _ in range(3)]
         after = policy.compute_logprobs(batch)

@@ -132,13 +132,13 @@ def test_importance_sampling_correction(mode, expected_loss, weight_mean, masked
 def test_ppo_value_loss_is_the_clipped_value_loss():
     returns = torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
     values = torch.zeros(3, 3, requires_grad=True)
-    loss, m = compute_value_loss(_algo("ppo", value_coef=0.5), values, torch.zeros(3, 3), returns, MASK)
-    # value loss 0.5 (V - R)^2: 0.5 x3, 0.125 x2 -> token-mean 1.75 / 5 = 0.35, times value_coef 0.5
+    loss, m = compute_value_loss(_algo("ppo"), values, torch.zeros(3, 3), returns, MASK)
+    # value loss 0.5 (V - R)^2: 0.5 x3, 0.125 x2 -> token-mean 1.75 / 5 = 0.35
     assert m["loss/value"].item() == pytest.approx(0.35)
     assert m["value/clip_frac"].item() == 0.0 and m["value/mean"].item() == 0.0
-    assert loss.item() == pytest.approx(0.175)
+    assert loss.item() == pytest.approx(0.35)
     loss.backward()
-    torch.testing.assert_close(values.grad, 0.5 * -returns * MASK / 5)
+    torch.testing.assert_close(values.grad, -returns * MASK / 5)
     # V moved 0.5 from V_old = 0 with value_clip 0.2: for R = 1 the clipped branch (0.2 - 1)^2 is the
     # larger, for R = 0 the unclipped one (0.5 - 0)^2
     moved, targets = torch.full((3, 3), 0.5), torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])

@@ -45,7 +45,7 @@ def _trainer(tcfg: TrainerConfig, seed: int):
 
 def _batch(trainer):
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])
-    return trainer.make_batch(make_samples(8, vocab=MODEL.vocab_size), advantages)
+    return trainer.make_batch(make_samples(8, vocab=MODEL.vocab_size)).with_advantages(advantages)
 
 
 def _params(trainer) -> dict[str, torch.Tensor]:

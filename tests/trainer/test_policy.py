@@ -23,7 +23,7 @@ def _train(tcfg: TrainerConfig, mcfg: ModelConfig, num_steps: int, *, fixed_old:
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])
     trainer = PolicyTrainer(mcfg, tcfg, ALGO, seed=11, max_len=16)
     try:
-        batch = trainer.make_batch(samples, advantages)
+        batch = trainer.make_batch(samples).with_advantages(advantages)
         old = trainer.compute_logprobs(batch) if fixed_old else None
         history = [trainer.train_step(batch, old_logprobs=old) for _ in range(num_steps)]
         dense, expert = {}, {}
@@ -111,7 +111,7 @@ def _schedule(rank: int, world_size: int) -> list[float]:
     model = ModelConfig(arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1)
     trainer = PolicyTrainer(model, tcfg, AlgorithmConfig(group_size=2), total_steps=4)
     try:
-        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size), [1.0, -1.0, 1.0, -1.0])
+        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(torch.tensor([1.0, -1.0, 1.0, -1.0]))
         return [trainer.train_step(batch)["lr"] for _ in range(4)]
     finally:
         destroy_parallel()
@@ -130,7 +130,7 @@ def _reset(rank: int, world_size: int) -> dict:
     model = ModelConfig(arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1)
     trainer = PolicyTrainer(model, tcfg, AlgorithmConfig(group_size=2), total_steps=4)
     try:
-        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size), [1.0, -1.0, 1.0, -1.0])
+        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(torch.tensor([1.0, -1.0, 1.0, -1.0]))
         before = [trainer.train_step(batch)["lr"] for _ in range(3)]
         trainer.reset_optimizer(total_steps=4)
         states = [s for group in trainer.optimizer.get_parameters() for s in [trainer.optimizer.optimizer.state.get(group)] if s]

@@ -38,7 +38,7 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL(policy || reference) term; 0 disables the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
     kl_in_reward: bool = Field(False, description="Fold the KL penalty into the reward (per token, -kl_coef x KL of the "
-                               "rollout policy to the reference, computed on the trainer) instead of adding it to the loss.")
+                               "policy the step starts from to the reference, computed on the trainer) instead of adding it to the loss.")
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus weight.")
     is_correction: Literal["none", "truncated", "masked"] = Field(
         "truncated", description="Importance-sampling correction of the train/inference mismatch (engine vs trainer log-probs)."
@@ -53,7 +53,6 @@ class AlgorithmConfig(Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount for GAE (ppo) and the REINFORCE++ return-to-go.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (ppo).")
     value_clip: float = Field(0.2, gt=0.0, description="PPO value-function clip range.")
-    value_coef: float = Field(0.5, ge=0.0, description="PPO value-loss weight.")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "AlgorithmConfig":
@@ -63,6 +62,9 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.name=ppo uses advantage 'gae', got {self.advantage!r}")
         if self.resolved_advantage in ("grpo", "grpo_no_std", "rloo") and self.group_size < 2:
             raise ValueError(f"advantage {self.resolved_advantage!r} compares responses within a group: algorithm.group_size must be >= 2, got {self.group_size}")
+        ppo_only = [f"algorithm.{key}" for key in ("lam", "value_clip") if getattr(self, key) != type(self).model_fields[key].default]
+        if ppo_only and self.name != "ppo":
+            raise ValueError(f"{', '.join(ppo_only)} set, but only algorithm.name=ppo (GAE, a value model) reads them: remove them")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true folds kl_coef x KL into the reward, but algorithm.kl_coef=0 leaves nothing to fold "
                              "(and no reference model): set algorithm.kl_coef > 0, or kl_in_reward=false")

@@ -168,3 +168,33 @@ def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s
             raise PeerTimeout(f"waited {timeout_s:.0f} s for {what} from {who}")
         time.sleep(delay)
         delay = min(delay * 2, _POLL_MAX_S)
+
+
+def share(comm: Any, obj: Any = None, root: int = 0) -> Any:
+    """``obj`` of ``root`` on every rank of ``comm``: a tree broadcast (MPI ``Ibcast``) polled from Python.
+
+    How the trainer's leader hands each message to the other trainer ranks: the orchestrator's cost
+    does not grow with them, and a rank waiting here for the next step still runs Python between
+    polls (its pre-emption signal handler, say) and uses no CPU.
+    """
+    import pickle
+
+    import numpy as np
+
+    is_root = comm.Get_rank() == root
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8) if is_root else None
+    size = np.array([0 if payload is None else payload.size], dtype=np.int64)
+    _wait(comm.Ibcast(size, root=root))
+    if not is_root:
+        payload = np.empty(int(size[0]), dtype=np.uint8)
+    _wait(comm.Ibcast(payload, root=root))
+    return obj if is_root else pickle.loads(payload.tobytes())
+
+
+def _wait(request: Any) -> None:
+    """Complete a non-blocking MPI request, sleeping between tests (and making this rank's sends progress)."""
+    delay = _POLL_MIN_S
+    while not request.Test():
+        _progress_sends()
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)

@@ -443,10 +443,12 @@ class Orchestrator:
         ledger = self.ledger
         settled = [i for i in ids if i in ledger.dispatched or i in ledger.rewarding
                    or i in ledger.trained or i in ledger.dropped]
-        assert not settled, f"group {group_id} regenerated while {settled} are in flight, trained or dropped"
+        if settled:
+            raise RuntimeError(f"group {group_id} would be regenerated while {settled} are in flight, trained or dropped")
         cursor = self._open_tasks[group_id]
         items = self._train_group(group_id, cursor, *self.stream.at(cursor))
-        assert sorted(item.sample_id for item in items) == ids, f"group {group_id} regenerated under other ids"
+        if sorted(item.sample_id for item in items) != ids:
+            raise RuntimeError(f"group {group_id} would be regenerated under other sample ids")
         for sample_id in ids:
             self._reward_s.pop(sample_id, None)
         ledger.regenerated += len(ids)

@@ -4,7 +4,8 @@ A checkpoint is taken only at a step boundary (the safe point), by the trainer r
 loop state the orchestrator hands them (:class:`LoopState` plus ``Orchestrator.state_dict()``).
 It lives under ``RUN_DIR/checkpoints/step_<policy version>``. Resuming (``checkpoint.resume:
 auto``) is decided by the orchestrator alone, so no two ranks can disagree on which checkpoint
-is current: it sends :class:`Restore` to every trainer rank, gets the loop state back, restores
+is current: it sends :class:`Restore` to the trainer (its leader shares it with every trainer
+rank), gets the loop state back, restores
 its own and lets the engines take the loaded weights (they start from the initial policy).
 
 In the ``sync`` schedule nothing is in flight at a boundary, so a resumed run continues exactly as

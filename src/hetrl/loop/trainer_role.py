@@ -3,8 +3,8 @@ it with the other trainer ranks; every rank trains its DP shard; the leader stre
 to the engines.
 
 Ownership: the policy's weights (and PPO's value model) live here. The orchestrator sends each
-message once, to the leader, whatever the number of trainer ranks; the leader broadcasts it over
-the trainer's own torch.distributed world (a gloo group, also beside NCCL), a tree on large worlds.
+message once, to the leader, whatever the number of trainer ranks; the leader broadcasts it to the
+trainer ranks over their MPI communicator (``hetrl.control.comm.share``: a tree, polled from Python).
 The trainer turns the step's rewards into advantages itself (``hetrl.trainer.rl_step``), because
 the reference log-probs of a KL in the reward and PPO's values exist only here. After each optimizer
 step, the leader reports the new version to the orchestrator and then pushes the weights in HF
@@ -12,15 +12,16 @@ layout, bucket by bucket, from the streaming exporter (every trainer rank takes 
 exporter's gathers); the engines join the push when the orchestrator tells them to. Warm-start
 (``supervised``) steps use plain token-mean likelihood: no ratio, no clipping, no IS correction.
 
-Waits: the leader's receive polls MPI (it never blocks inside MPI); the other ranks wait in the
-broadcast, whose group timeout is only a backstop: the liveness watchdog bounds every wait.
+Waits: the leader's receive and every rank's broadcast poll MPI (none blocks inside MPI); the
+liveness watchdog bounds them, as every other wait of an idle rank.
 
 Each :class:`TrainDone` also carries this rank's share of the step's time breakdown, measured
 here because only here is it visible: ``time/wait`` (idle, waiting for work, since the previous
 answer), ``time/weight_sync`` (the latest weight push, which follows the previous answer) and, on a
 known GPU, ``perf/mfu``.
 
-Checkpoints (``RUN_DIR/checkpoints/step_<version>``) hold model, optimizer, LR schedule, RNG and
+Checkpoints (``RUN_DIR/checkpoints/step_<version>``) hold model, optimizer, LR schedule (and PPO's
+value model with its own), RNG and
 the orchestrator's loop state, saved when the orchestrator sends :class:`Checkpoint`. On
 :class:`Restore` the trainer loads one and pushes its weights like a step's: the engines start from
 the initial HF checkpoint at version 0, so this push is what makes them serve the resumed version.
@@ -29,7 +30,6 @@ On :class:`PushWeights` (an engine refused the last push) it pushes the same wei
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import time
@@ -41,7 +41,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
-from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send
+from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown
@@ -58,16 +58,8 @@ def _supervised_algorithm(cfg: HetrlConfig):
                                             "loss_aggregation": "token-mean"})
 
 
-# The work broadcast's own timeout: a backstop only. A trainer rank may wait between steps for as
-# long as generation and evaluation take; a real hang is the liveness watchdog's to catch.
-_WORK_BROADCAST_TIMEOUT = datetime.timedelta(days=1)
-
-
-def init_trainer_world(ctx: RoleContext) -> Any:
-    """torch.distributed over the trainer ranks only (Megatron's default group), rendezvous via MPI.
-
-    Returns the gloo group the leader broadcasts the orchestrator's messages over.
-    """
+def init_trainer_world(ctx: RoleContext) -> None:
+    """torch.distributed over the trainer ranks only (Megatron's default group), rendezvous via MPI."""
     import socket
 
     import torch
@@ -79,17 +71,12 @@ def init_trainer_world(ctx: RoleContext) -> Any:
     host, port = ctx.role_comm.bcast(address, root=0)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ctx.role_comm.Get_rank(), world_size=ctx.role_comm.Get_size())
-    return dist.new_group(backend="gloo", timeout=_WORK_BROADCAST_TIMEOUT)
 
 
-def _next_message(ctx: RoleContext, work_group: Any) -> Any:
+def _next_message(ctx: RoleContext) -> Any:
     """The orchestrator's next message on every trainer rank: the leader receives it, then shares it."""
-    import torch.distributed as dist
-
-    box = [recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)[0] if ctx.role_comm.Get_rank() == 0 else None]
-    if ctx.role_comm.Get_size() > 1:
-        dist.broadcast_object_list(box, src=0, group=work_group)
-    return box[0]
+    message = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)[0] if ctx.role_comm.Get_rank() == 0 else None
+    return share(ctx.role_comm, message) if ctx.role_comm.Get_size() > 1 else message
 
 
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
@@ -102,7 +89,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     from hetrl.trainer.policy import PolicyTrainer
     from hetrl.trainer.rl_step import train_on_batch
 
-    work_group = init_trainer_world(ctx)
+    init_trainer_world(ctx)
     start_checkpoint_writer()  # now, so that a pre-emption signal cannot kill its helper mid-start
     torch.manual_seed(cfg.run.seed)
     total_steps = cfg.run.steps + cfg.warm_start.steps
@@ -129,7 +116,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     while True:
         liveness.idle("waiting for work from the orchestrator")
         with clock.timing("wait"):
-            message = _next_message(ctx, work_group)
+            message = _next_message(ctx)
         if isinstance(message, Shutdown):
             return
         liveness.busy(_activity(message, version))

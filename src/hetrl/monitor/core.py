@@ -110,7 +110,7 @@ class Monitor:
         for name, value in metrics.items():
             bucket[names.check_name(name)] = float(value)
 
-    def record_rollouts(self, step: int, samples: list[Sample], trainer_logprobs: list[list[float]] | None = None) -> None:
+    def record_rollouts(self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None) -> None:
         """Log a step's rollout metrics (+ mismatch when trainer log-probs are given) and store the rollouts.
 
         Call it once per sample batch, when it is consumed by the trainer, so each rollout is

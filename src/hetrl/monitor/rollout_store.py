@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ class RolloutStore:
         """Samples appended so far (written or pending)."""
         return self._num_written + len(self._pending)
 
-    def append(self, step: int, samples: list[Sample], trainer_logprobs: list[list[float]] | None = None) -> None:
+    def append(self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None) -> None:
         """Queue one step's samples; ``trainer_logprobs[i]`` aligns with ``samples[i].completion_ids``."""
         if self._file is None:
             raise RuntimeError(f"rollout store {self.path} is closed")

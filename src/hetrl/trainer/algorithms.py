@@ -113,8 +113,7 @@ def compute_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one micro-batch and its detached metrics.
 
-    ``loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy + value_coef *
-    loss/value``, each part an ``agg`` (``losses.aggregate`` with the algorithm's aggregation mode
+    ``loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy``, each part an ``agg`` (``losses.aggregate`` with the algorithm's aggregation mode
     and the given global normalisers; None: this micro-batch's own): ``loss/policy`` of the
     IS-weighted per-token policy loss, ``loss/kl`` of ``KL_k(pi || pi_ref)`` with the configured
     estimator (only when ``kl_coef > 0`` and the KL is not folded into the reward),
@@ -169,12 +168,12 @@ def compute_value_loss(
     num_global_seqs: Tensor | float | None = None,
     max_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's value loss of one micro-batch (``value_coef`` x the clipped value loss) and its metrics.
+    """PPO's value loss of one micro-batch (the clipped value loss) and its metrics.
 
     Aggregated like the policy loss (the algorithm's aggregation, the step's global normalisers),
     so micro-batch shares sum to the step's loss. Metrics, token-means over policy tokens that sum
-    the same way: ``loss/value`` (before ``value_coef``), ``value/clip_frac``, ``value/mean``.
-    ``value_coef`` only matters against ``trainer.grad_clip``: the critic has an optimizer of its own.
+    the same way: ``loss/value``, ``value/clip_frac``, ``value/mean``. No coefficient weighs it:
+    the critic has an optimizer of its own, which a constant loss scale would not change (Adam).
     """
     mask = mask.float()
     per_token, clipped = losses.clipped_value_loss(values, old_values, returns, algo.value_clip)
@@ -182,7 +181,7 @@ def compute_value_loss(
                             num_global_seqs=num_global_seqs, max_len=max_len)
     token_mean = partial(losses.token_mean, mask=mask, num_global_tokens=num_global_tokens)
     metrics = {names.LOSS_VALUE: loss.detach(), VALUE_CLIP_FRAC: token_mean(clipped.float()), names.VALUE_MEAN: token_mean(values.detach())}
-    return algo.value_coef * loss, metrics
+    return loss, metrics
 
 
 def advantage_metrics(advantages: Tensor, mask: Tensor) -> dict[str, float]:

@@ -10,6 +10,10 @@ Two spaces, kept apart on purpose:
   token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
   ``hetrl.trainer.algorithms.compute_advantages``'s output (see :func:`completion_tensors`).
 
+Micro-batches are built with zero advantages (all that log-prob and value passes need); the
+advantages of a training step are attached afterwards, over the step's full batch, with
+:meth:`TrainBatch.with_advantages`.
+
 ``MicroBatch.gather_index`` maps one to the other: the log-prob of completion token ``j`` of a
 sample starting at offset ``o`` of row ``r`` with a prompt of ``P`` tokens is read at flat position
 ``r * T + o + P + j - 1`` of the model's per-position log-probs (position ``t`` predicts token
@@ -120,9 +124,13 @@ class TrainBatch:
         return replace(self, micro_batches=[pad(mb) for mb in self.micro_batches])
 
     def with_advantages(self, advantages: Tensor) -> "TrainBatch":
-        """The same batch carrying per-token advantages of the step's full batch ``[num_global_samples, Tc]``
-        (computed on the trainer once every rank has the full batch's log-probs and values)."""
-        local = advantages.float()[self.global_indices]
+        """The same batch carrying the advantages of the step's full batch, masked by each loss mask.
+
+        ``advantages`` are ``[num_global_samples]`` (one per sample, broadcast over its completion
+        tokens) or per-token ``[num_global_samples, Tc]`` in sample space (computed on the trainer
+        once every rank has the full batch's log-probs and values); this rank keeps its own rows.
+        """
+        local = _advantage_rows(advantages, self.num_global_samples, self.max_completion_len)[self.global_indices]
         return replace(self, micro_batches=[replace(mb, advantages=self.gather(local, mb) * mb.loss_mask) for mb in self.micro_batches])
 
     def scatter(self, per_micro_batch: Sequence[Tensor]) -> Tensor:
@@ -156,13 +164,13 @@ def completion_tensors(samples: Sequence[Sample]) -> tuple[Tensor, Tensor]:
     return mask, logprobs * mask
 
 
-def _advantage_rows(advantages: Tensor | Sequence[float], samples: Sequence[Sample], width: int) -> Tensor:
+def _advantage_rows(advantages: Tensor, num_samples: int, width: int) -> Tensor:
     """Per-token advantages ``[N, width]``: an ``[N]`` sequence advantage is broadcast over tokens."""
-    adv = torch.as_tensor(advantages, dtype=torch.float32)
-    if adv.shape[0] != len(samples) or adv.dim() not in (1, 2):
-        raise ValueError(f"advantages must be [N] or [N, Tc] with N={len(samples)} samples, got shape {tuple(adv.shape)}")
+    adv = advantages.float()
+    if adv.dim() not in (1, 2) or adv.shape[0] != num_samples:
+        raise ValueError(f"advantages must be [N] or [N, Tc] with N={num_samples} samples, got shape {tuple(adv.shape)}")
     if adv.dim() == 1:
-        return adv[:, None].expand(len(samples), width).clone()
+        return adv[:, None].expand(num_samples, width)
     if adv.shape[1] < width:
         adv = torch.nn.functional.pad(adv, (0, width - adv.shape[1]))
     return adv[:, :width]
@@ -209,8 +217,7 @@ def _cumulative(lengths: Sequence[int]) -> Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
 
 
-def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]],
-                       advantages: Tensor, packed: bool) -> MicroBatch:
+def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]], packed: bool) -> MicroBatch:
     """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch.
 
     Unpacked, each row holds one sample; packed, the rows' samples follow each other in one row.
@@ -224,7 +231,7 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     tokens = torch.full((num_rows, length), PAD_TOKEN_ID, dtype=torch.long)
     positions = torch.zeros_like(tokens)
     gather = torch.zeros(n, width, dtype=torch.long)
-    loss_mask, rollout, adv = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
+    loss_mask, rollout = torch.zeros(n, width), torch.zeros(n, width)
     order: list[int] = []
     for r, row in enumerate(rows):
         offset = 0
@@ -240,14 +247,13 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
             gather[i, :c] = r * length + offset + p - 1 + torch.arange(c)
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
-            adv[i, :c] = advantages[indices[k], :c]
             order.append(indices[k])
             offset += len(ids)
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
     cu = _cumulative(lengths) if packed else None
     return MicroBatch(
         tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=cu, cu_seqlens_padded=cu,
-        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=adv * loss_mask,
+        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
         sample_indices=order, num_tokens=sum(lengths),
     )
 
@@ -259,7 +265,6 @@ def _shift_left(tokens: Tensor) -> Tensor:
 
 def build_train_batch(
     samples: Sequence[Sample],
-    advantages: Tensor | Sequence[float] | None = None,
     *,
     micro_batch_size: int,
     pack_length: int | None = None,
@@ -270,16 +275,15 @@ def build_train_batch(
 
     Without ``pack_length`` each micro-batch holds up to ``micro_batch_size`` samples, one per row.
     With it, samples are first packed into bins of at most ``pack_length`` tokens, and each
-    micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. ``advantages`` are ``[N]`` (per sample) or
-    ``[N, Tc]`` (sample space); None means zeros (log-prob passes). ``global_indices`` places
-    these samples in the step's full batch of ``num_global_samples`` (default: they are all of it).
+    micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. Advantages are zero (attach them with
+    :meth:`TrainBatch.with_advantages`). ``global_indices`` places these samples in the step's full
+    batch of ``num_global_samples`` (default: they are all of it).
     """
     if not samples:
         raise ValueError("build_train_batch needs at least one sample")
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     width = max(max(len(s.completion_ids) for s in samples), 1)
-    adv = torch.zeros(len(samples), width) if advantages is None else _advantage_rows(advantages, samples, width)
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     rows = _pack_rows(lengths, pack_length) if pack_length else [[i] for i in range(len(samples))]
     row_sizes = [sum(lengths[i] for i in row) for row in rows]
@@ -288,7 +292,7 @@ def build_train_batch(
     for row_ids in balanced_bins(row_sizes, num_micro, capacity=micro_batch_size):
         indices = [i for r in row_ids for i in rows[r]]
         local = {i: k for k, i in enumerate(indices)}
-        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], adv, bool(pack_length)))
+        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], bool(pack_length)))
     indices = list(range(len(samples))) if global_indices is None else list(global_indices)
     if len(indices) != len(samples):
         raise ValueError(f"global_indices has {len(indices)} entries for {len(samples)} samples")

@@ -59,7 +59,6 @@ class ValueTrainer:
         self.model = wrap_ddp(module, self.trainer_cfg, groups.pg_collection)
         self.optimizer, self.scheduler = build_optimizer(self.model, self.trainer_cfg, total_steps=total_steps,
                                                          pg_collection=groups.pg_collection)
-        self.step = 0
 
     @property
     def module(self) -> torch.nn.Module:
@@ -106,7 +105,6 @@ class ValueTrainer:
         stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False)
         self.scheduler.step(increment=1)
         _, grad_norm, _ = self.optimizer.step()
-        self.step += 1
         metrics = reduce_metrics(stored, self.groups)
         metrics.update({
             names.CRITIC_GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,

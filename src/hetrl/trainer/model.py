@@ -213,7 +213,10 @@ class ValueHead(torch.nn.Module):
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-            hidden_states = gather_from_sequence_parallel_region(hidden_states, group=self.tp_group)
+            # Every TP rank then computes the same loss from the whole sequence, so each already holds
+            # the full gradient: the backward keeps its own chunk (no reduce-scatter, which would add
+            # tp identical copies).
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False, group=self.tp_group)
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 

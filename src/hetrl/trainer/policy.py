@@ -99,17 +99,17 @@ class PolicyTrainer:
             raise RuntimeError("this PolicyTrainer has no reference model (with_reference=False)")
         self.reference.load_state_dict(self.module.state_dict())
 
-    def make_batch(self, samples: Sequence[Sample], advantages: Tensor | Sequence[float] | None = None) -> TrainBatch:
+    def make_batch(self, samples: Sequence[Sample]) -> TrainBatch:
         """This rank's micro-batches of the step's full sample list (identical on every rank).
 
-        ``advantages`` are ``[N]`` or ``[N, Tc]`` over the full list. Every rank gets the same
-        number of micro-batches (filler ones where a shard is short): expert all-to-alls and the
-        gradient reduction need every rank in step.
+        Advantages are zero; a training step attaches those of the full list with
+        :meth:`TrainBatch.with_advantages`. Every rank gets the same number of micro-batches
+        (filler ones where a shard is short): expert all-to-alls and the gradient reduction need
+        every rank in step.
         """
         g = self.groups
         indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size)
-        adv = None if advantages is None else torch.as_tensor(advantages, dtype=torch.float32)[indices]
-        batch = build_train_batch([samples[i] for i in indices], adv, micro_batch_size=self.trainer_cfg.micro_batch_size,
+        batch = build_train_batch([samples[i] for i in indices], micro_batch_size=self.trainer_cfg.micro_batch_size,
                                   pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples))
         count = torch.tensor([len(batch.micro_batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)

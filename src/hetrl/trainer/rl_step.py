@@ -64,7 +64,7 @@ def train_on_batch(
     mask, _ = completion_tensors(samples)
     width = mask.shape[1]
     old = [policy.compute_logprobs(batch) for batch in batches]
-    ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None else None
+    ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None and not supervised else None
     values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
     progress()
     old_full = _stack(old, width)
@@ -81,7 +81,7 @@ def train_on_batch(
     for k, (a, b) in enumerate(bounds):
         batch = batches[k].with_advantages(advantages[a:b])
         metrics = policy.train_step(batch, old_logprobs=old[k], ref_logprobs=None if ref is None else ref[k])
-        if values is not None and returns is not None and critic is not None:
+        if critic is not None and values is not None and returns is not None:
             metrics.update(critic.train_step(batch, old_values=values[k], returns=returns[a:b]))
         per_step.append(metrics)
         progress()
