@@ -20,18 +20,6 @@ LAUNCH_TIMEOUT_S = 600
 WARM_START = ["run.name=warm_start", "run.steps=1", "run.prompts_per_step=1", "algorithm.group_size=2", "trainer.lr=1e-12",
               "eval.num_tasks=1", "eval.k=1", "monitor.rollout_store.enabled=false"]
 
-# The trainer's final checkpoint of RUN, written as an HF directory OUT (as `launch.py eval` does).
-EXPORT = """
-import sys
-from pathlib import Path
-import yaml
-from hetrl.config.loader import validate_tree
-from hetrl.loop.evaluate import export_trainer_checkpoint, resolve_checkpoint
-run_dir, out = map(Path, sys.argv[1:])
-cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
-export_trainer_checkpoint(cfg, resolve_checkpoint(run_dir / "checkpoints")[1], out)
-"""
-
 
 def launch_tiny_grpo(output_dir: Path, *overrides: str, timeout_s: float = LAUNCH_TIMEOUT_S, recipe: str = "tiny_grpo") -> None:
     """Run ``launch.py recipe=tiny_grpo`` (or another tiny recipe) to completion; fail on an error or a hang.
@@ -66,7 +54,7 @@ def warm_started_model(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("warm_started_model")
     launch_tiny_grpo(root, *WARM_START)
     hf_dir = root / "hf"
-    export = subprocess.run([sys.executable, "-c", EXPORT, str(root / "warm_start"), str(hf_dir)], cwd=ROOT,
+    export = subprocess.run([sys.executable, str(ROOT / "launch.py"), "export", str(root / "warm_start"), f"out={hf_dir}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
-    assert export.returncode == 0, export.stderr[-5000:]
+    assert export.returncode == 0, (export.stdout + export.stderr)[-5000:]
     return hf_dir

@@ -10,7 +10,8 @@ import pytest
 
 from hetrl.config.loader import load_config, save_resolved
 from hetrl.launch.cli import main
-from hetrl.loop.evaluate import CheckpointError, check_model_shape, eval_sampling, evaluate_checkpoint, resolve_checkpoint
+from hetrl.loop.evaluate import check_model_shape, eval_sampling, evaluate_checkpoint
+from hetrl.loop.export import CheckpointError, resolve_checkpoint
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.models.hf import hf_config_dict
 

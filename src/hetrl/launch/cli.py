@@ -21,6 +21,7 @@ USAGE = """\
 usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
        python launch.py status|logs|cancel RUN_DIR
        python launch.py eval [recipe=NAME] checkpoint=PATH [key=value ...] [--out FILE]
+       python launch.py export RUN_DIR [step=N] out=DIR
 
   recipe=NAME   a recipe under recipes/ (default tiny_grpo) or a path to a YAML file
   key=value     override any recipe key, e.g. nodes=128 trainer.tensor_parallel=4
@@ -30,6 +31,9 @@ usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
   eval          score a checkpoint (an HF directory, or a run's checkpoints/ or step_N/ directory)
                 on the recipe's held-out tasks in this process; writes eval.json into the
                 checkpoint directory, or to --out FILE
+  export        write a run's policy (its latest checkpoint, or RUN_DIR/checkpoints/step_N) to DIR
+                as an HF checkpoint with its tokenizer and chat template, whatever TP/PP layout it
+                trained in: transformers and vLLM load DIR as it is
 """
 
 
@@ -42,6 +46,8 @@ def main(argv: list[str]) -> int:
         return run_command(argv[0], argv[1:], console)
     if argv and argv[0] == "eval":
         return eval_command(argv[1:], console)
+    if argv and argv[0] == "export":
+        return export_command(argv[1:], console)
     flags = [a for a in argv if a.startswith("--")]
     unknown = [f for f in flags if f not in ("--dry-run", "--check")]
     if unknown:
@@ -146,6 +152,26 @@ def eval_command(args: list[str], console: Console) -> int:
         console.print(f"error: {err}", markup=False, highlight=False)
         return 2
     print("\n".join(report.lines()), flush=True)
+    return 0
+
+
+def export_command(args: list[str], console: Console) -> int:
+    """``export RUN_DIR [step=N] out=DIR``: see hetrl.loop.export."""
+    runs = [a for a in args if "=" not in a]
+    values = dict(a.split("=", 1) for a in args if "=" in a)
+    unknown = sorted(set(values) - {"step", "out"})
+    step = values.get("step")
+    if len(runs) != 1 or unknown or not values.get("out") or (step is not None and not step.isdigit()):
+        console.print(f"error: export needs one RUN_DIR, out=DIR and optionally step=N, got {' '.join(args)!r}\n{USAGE}", markup=False)
+        return 2
+    from hetrl.loop.export import CheckpointError, export_run
+
+    try:
+        out = export_run(runs[0], values["out"], None if step is None else int(step))
+    except (ConfigError, CheckpointError) as err:
+        console.print(f"error: {err}", markup=False, highlight=False)
+        return 2
+    print(f"[hetrl] exported the policy of {runs[0]} to {out}", flush=True)
     return 0
 
 

@@ -11,7 +11,8 @@ for ``RUN/initial_model``, ``eval_after`` for the final ``RUN/checkpoints``).
 * a run's trainer checkpoint: ``RUN/checkpoints`` (its ``latest`` is used) or one ``step_N``
   directory in it. It is loaded into a single-process :class:`~hetrl.trainer.policy.PolicyTrainer`
   (a torch.distributed world of 1; dist_checkpointing reshards any saved TP/PP/EP layout to it),
-  exported to a temporary HF directory with the exporter the weight push uses, and served from there.
+  exported to a temporary HF directory (:mod:`hetrl.loop.export`, as ``launch.py export`` does), and
+  served from there.
 
 The recipe's ``model:`` shape must match the checkpoint's (checked before anything heavy starts).
 The report is printed and written as ``eval.json`` into the checkpoint directory (the resolved
@@ -23,29 +24,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
+from hetrl.loop.export import CheckpointError, CheckpointKind, export_trainer_checkpoint, resolve_checkpoint, run_dir_of
 from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
 
-logger = logging.getLogger(__name__)
-
 EVAL_FILE = "eval.json"
-CheckpointKind = Literal["hf", "trainer"]
 # config.json keys that fix the tensor shapes: a mismatch means the recipe describes another model.
 _SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                "intermediate_size", "tie_word_embeddings", "num_experts", "moe_intermediate_size")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-class CheckpointError(ValueError):
-    """The checkpoint path is missing, of no known format, or does not fit the recipe."""
 
 
 @dataclass(frozen=True)
@@ -69,29 +62,6 @@ class EvalReport:
 # --------------------------------------------------------------------------- checkpoint formats
 
 
-def resolve_checkpoint(path: str | Path) -> tuple[CheckpointKind, Path]:
-    """The checkpoint's format and the directory to read (a trainer root resolves to its latest step)."""
-    from hetrl.trainer.checkpoint import LATEST, latest_checkpoint
-
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a file: pass an HF checkpoint directory or a run's checkpoints/ (or step_N/) directory")
-    if (path / "config.json").exists() and any(path.glob("*.safetensors")):
-        return "hf", path
-    if (path / LATEST).exists():
-        return "trainer", latest_checkpoint(path)
-    if (path / "metadata.json").exists() and (path / "common.pt").exists():
-        return "trainer", path
-    if path.name.endswith(".tmp"):
-        raise CheckpointError(f"{path} is an unfinished trainer checkpoint save (a .tmp directory): use a complete step_N directory")
-    raise CheckpointError(
-        f"{path} is neither an HF checkpoint (config.json + *.safetensors) nor a hetrl trainer checkpoint "
-        "(RUN/checkpoints with a 'latest' file, or a step_N directory with metadata.json + common.pt)"
-    )
-
-
 def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
     return {key: config.get(key) for key in _SHAPE_KEYS if config.get(key) is not None}
 
@@ -110,11 +80,6 @@ def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> 
                               + ". Evaluate with the recipe (and model.* overrides) the checkpoint was trained with.")
 
 
-def _run_dir_of(step_dir: Path) -> Path:
-    """RUN for RUN/checkpoints/step_N (the layout of the trainer role)."""
-    return step_dir.parent.parent
-
-
 def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     """Compare the recipe's model with the run's saved config.yaml, when the checkpoint sits in a run."""
     import yaml
@@ -122,62 +87,11 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     from hetrl.config.loader import validate_tree
     from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
 
-    run_config = _run_dir_of(step_dir) / rundir.CONFIG
+    run_config = run_dir_of(step_dir) / rundir.CONFIG
     if run_config.exists():
         run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
         found = {**hf_config_dict(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
         check_model_shape(cfg.model, found, f"{step_dir} (per {run_config})")
-
-
-def _tokenizer_source(cfg: HetrlConfig, step_dir: Path) -> Path | None:
-    """Where the tokenizer of a trainer checkpoint comes from; None: the built-in character tokenizer."""
-    candidates = [_run_dir_of(step_dir) / rundir.INITIAL_MODEL, cfg.model.tokenizer, cfg.model.hf_checkpoint]
-    for candidate in candidates:
-        if candidate and any((Path(candidate) / name).exists() for name in _TOKENIZER_FILES):
-            return Path(candidate)
-    if cfg.model.hf_checkpoint is None and cfg.model.tokenizer is None:
-        return None  # a random-init model of the recipe's shape uses the character tokenizer
-    raise CheckpointError(f"no tokenizer found for {step_dir}: looked in {[str(c) for c in candidates if c]}; set model.tokenizer=DIR")
-
-
-def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -> Path:
-    """Load a trainer checkpoint in this process (world of 1) and write it as an HF checkpoint to ``out_dir``."""
-    import torch
-    import torch.distributed as dist
-
-    from hetrl.control.rendezvous import free_port
-    from hetrl.models.tokenizer import save_char_tokenizer
-    from hetrl.trainer.checkpoint import load_checkpoint
-    from hetrl.trainer.exporter import save_hf_checkpoint
-    from hetrl.trainer.parallel import destroy_parallel
-    from hetrl.trainer.policy import PolicyTrainer
-
-    tokenizer_dir = _tokenizer_source(cfg, step_dir)
-    owns_world = not dist.is_initialized()
-    if owns_world:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    elif dist.get_world_size() != 1:
-        raise RuntimeError(f"standalone eval runs in a torch.distributed world of 1; this process is in one of {dist.get_world_size()}")
-    single = cfg.trainer.model_copy(update={"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 1, "context_parallel": 1,
-                                             "sequence_parallel": False, "distributed_optimizer": False})
-    try:
-        trainer = PolicyTrainer(cfg.model, single, cfg.algorithm, seed=cfg.run.seed, with_reference=False)
-        try:
-            state = load_checkpoint(step_dir, trainer.model, load_rng=False, pg_collection=trainer.groups.pg_collection)
-        except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"could not load trainer checkpoint {step_dir} into the recipe's model ({error}); "
-                                  "is it the recipe (and model.* overrides) the checkpoint was trained with?") from error
-        save_hf_checkpoint(trainer.module, cfg.model, out_dir, copy_files_from=tokenizer_dir, pg_collection=trainer.groups.pg_collection)
-        if tokenizer_dir is None:
-            save_char_tokenizer(out_dir, cfg.model.vocab_size)
-        logger.info("exported %s (policy version %s) to %s", step_dir, state.extra.get("version"), out_dir)
-        del trainer
-    finally:
-        destroy_parallel(destroy_world=owns_world)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the engine that follows wants the memory
-    return out_dir
 
 
 # --------------------------------------------------------------------------- episodes
