@@ -131,9 +131,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
         raise CheckpointError(f"run {run_dir} has no trainer checkpoint yet (nothing in {root})")
     if step is not None and step not in saved:
         raise CheckpointError(f"run {run_dir} has no checkpoint of step {step}; saved steps: {', '.join(map(str, saved))}")
-    kind, step_dir = resolve_checkpoint(root if step is None else root / step_dir_name(step))
-    if kind != "trainer":
-        raise CheckpointError(f"{step_dir} is not a trainer checkpoint")
+    _, step_dir = resolve_checkpoint(root if step is None else root / step_dir_name(step))
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir} exists and is not an empty directory: export into a new one")
     cfg = validate_tree(yaml.safe_load(config.read_text()))
