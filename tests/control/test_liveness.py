@@ -48,6 +48,15 @@ def test_a_rank_that_stopped_answering_is_named_first(tmp_path, watchdog):
     assert "no progress for 100 s" in stuck[1].why and stuck[1].activity == "pushing weights v8 to the engines"
 
 
+def test_a_rank_frozen_a_beat_after_its_last_tick_is_named_as_stopped_answering(tmp_path, watchdog):
+    """Its record shows a progress older than its beat: stalled by the clock, but its beacon went quiet."""
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=5, state="idle")
+    _write(tmp_path, 1, "rollout", beat_age=TIMEOUT_S - 2, progress_age=TIMEOUT_S + 1, state="busy", activity="generating")
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=2, state="idle")
+    (stuck,) = watchdog.check()
+    assert stuck.rank == 1 and "stopped answering 58 s ago" in stuck.why and stuck.activity == "busy: generating"
+
+
 def test_a_busy_rank_without_progress_is_stuck_and_an_exited_one_is_not(tmp_path, watchdog):
     _write(tmp_path, 0, "trainer", beat_age=1, progress_age=61, state="busy", activity="TrainWork (holding v3)")
     _write(tmp_path, 1, "rollout", beat_age=500, progress_age=500, state="exited")

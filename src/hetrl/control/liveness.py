@@ -232,10 +232,14 @@ class Watchdog:
                 continue
             if beat.state == EXITED:
                 continue
-            if now - beat.beat > self.timeout_s:
+            stalled_too = beat.state == BUSY and now - beat.progress > self.timeout_s
+            # A record is a snapshot: a rank frozen a beat after its last tick shows a progress older than
+            # its beat, so it looks stalled before it looks silent. Once the job is stuck, a beacon that
+            # missed two beats is the better explanation: it stopped answering.
+            if now - beat.beat > self.timeout_s or (stalled_too and now - beat.beat > 2 * self.poll_s):
                 silent.append(Stuck(rank, beat.label, f"stopped answering {now - beat.beat:.0f} s ago (frozen, stopped or gone)",
                                     f"{beat.state}: {beat.activity}"))
-            elif beat.state == BUSY and now - beat.progress > self.timeout_s:
+            elif stalled_too:
                 stalled.append(Stuck(rank, beat.label, f"no progress for {now - beat.progress:.0f} s", beat.activity))
         if silent or stalled:
             return silent + sorted(stalled, key=lambda s: beats[s.rank].progress)
