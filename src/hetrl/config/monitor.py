@@ -80,6 +80,10 @@ class GuardsConfig(Section):
 
 class MonitorConfig(Section):
     console: bool = Field(True, description="Show progress on the console: a live rich view on a TTY, one plain line per step otherwise.")
+    verbose: bool = Field(
+        False, description="Print every role's library output (vLLM, megatron, torch, C++ warnings) on the console along with "
+                           "hetrl's own lines; by default it goes to that rank's log, RUN/logs/<role>_<rank>.log, instead.",
+    )
     console_metrics: list[str] = Field(
         default_factory=lambda: [
             "reward/mean", "response_length/mean", "entropy", "approx_kl", "mismatch/k3_kl", "grad_norm", "staleness/mean", "time/step",

@@ -6,6 +6,9 @@ checkpoint, then exit with the requeue code), SIGKILL after a grace period, and
 every rank also dies with its MPI proxy (PR_SET_PDEATHSIG), so nothing outlives the launcher.
 While it waits, the launcher runs the liveness watchdog (:mod:`hetrl.control.liveness`): a hung
 job has its stacks collected, its stuck ranks named, and its whole session killed.
+
+When the launcher's stdout is a terminal, the orchestrator is told so (and the terminal's size), and
+draws the monitor's live view through mpiexec's pipe; otherwise it prints one line per step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, rundir
 from hetrl.control.plan import CPU_ROLES, Plan
+from hetrl.launch.worker import TERMINAL_ENV
 
 
 def find_mpiexec() -> str:
@@ -46,16 +50,23 @@ def threads_per_role(cfg: HetrlConfig, plan: Plan) -> dict[str, int]:
     return {role: (1 if role in CPU_ROLES else heavy_threads) for role in plan.role_sizes()}
 
 
-def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False) -> list[str]:
-    """MPMD command: one ``-n K ... worker`` segment per run of consecutive ranks of a role."""
+def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False,
+                    terminal: os.terminal_size | None = None) -> list[str]:
+    """MPMD command: one ``-n K ... worker`` segment per run of consecutive ranks of a role.
+
+    ``terminal``: the size of the terminal the job's output goes to, if it goes to one. The
+    orchestrator gets it as ``COLUMNS``/``LINES`` (which rich reads), with :data:`TERMINAL_ENV`.
+    """
     threads = threads_per_role(cfg, plan)
     command = [find_mpiexec(), "-launcher", "fork"]
     segments = itertools.groupby(plan.assignments, key=lambda a: a.role)
     for index, (role, ranks) in enumerate(segments):
         t = str(threads[role])
         command += [] if index == 0 else [":"]
-        command += ["-n", str(len(list(ranks))), "-env", "OMP_NUM_THREADS", t, "-env", "HETRL_THREADS", t,
-                    "-env", "HETRL_ROLE", role, python, "-m", "hetrl.launch.worker", "--run-dir", str(run_dir)]
+        command += ["-n", str(len(list(ranks))), "-env", "OMP_NUM_THREADS", t, "-env", "HETRL_THREADS", t, "-env", "HETRL_ROLE", role]
+        if role == "orchestrator" and terminal is not None:
+            command += ["-env", TERMINAL_ENV, "1", "-env", "COLUMNS", str(terminal.columns), "-env", "LINES", str(terminal.lines)]
+        command += [python, "-m", "hetrl.launch.worker", "--run-dir", str(run_dir)]
         command += ["--check"] if check else []
     return command
 
@@ -78,7 +89,8 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     marker.unlink(missing_ok=True)  # a previous process's; this one writes its own
     grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
     watchdog = liveness.watchdog_for(run_dir, plan, cfg.monitor.hang_timeout_s)
-    proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check), start_new_session=True)
+    terminal = shutil.get_terminal_size() if sys.stdout.isatty() else None
+    proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check, terminal=terminal), start_new_session=True)
     received: list[int] = []
     kill_at: list[float] = []  # when the grace after the first signal runs out
     killed = False

@@ -5,6 +5,12 @@ the resolved config and plan from the run directory, finds its role from its MPI
 the control plane and runs its role. An uncaught exception prints the traceback with the rank's
 role and aborts the whole MPI job, so a crashed role brings the job down instead of hanging it.
 
+The console is hetrl's: a rank's file descriptors 1 and 2 go to its log (``RUN/logs/<role>_<rank>.log``),
+so what its libraries print (vLLM's logger, Python warnings, tqdm bars, C++ warnings written straight
+to the descriptors) lands there. Crash reports go to a copy of the original stderr, and the
+orchestrator keeps the original stdout as ``sys.stdout`` for its progress lines and summary.
+``monitor.verbose`` leaves the descriptors on the console.
+
 Faults for tests are injected with ``HETRL_INJECT_FAULT`` (see ``hetrl.loop.faults``).
 """
 
@@ -12,16 +18,21 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import logging
 import os
 import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import IO
 
 import yaml
 
 _PR_SET_PDEATHSIG = 1
+# Set (to "1") by the local launcher on the orchestrator when the launcher's own stdout is a
+# terminal: mpiexec's pipe sits between them, so the orchestrator cannot see it for itself.
+TERMINAL_ENV = "HETRL_TERMINAL"
 
 
 def _die_with_parent() -> None:
@@ -32,14 +43,47 @@ def _die_with_parent() -> None:
         pass  # not Linux: the launcher's process-group kill still applies
 
 
-def _abort_on_exception(world, label: str) -> None:
+def _abort_on_exception(world, label: str, console: IO[str]) -> None:
     def hook(exc_type, exc, tb):
-        sys.stderr.write(f"\n[hetrl] {label} crashed:\n{''.join(traceback.format_exception(exc_type, exc, tb))}")
-        sys.stderr.flush()
+        console.write(f"\n[hetrl] {label} crashed:\n{''.join(traceback.format_exception(exc_type, exc, tb))}")
+        console.flush()
         logging.critical("crashed", exc_info=(exc_type, exc, tb))  # also in the role's own log
         world.Abort(1)
 
     sys.excepthook = hook
+
+
+class _Terminal(io.TextIOWrapper):
+    """The launcher's terminal, reached through mpiexec's pipe: a TTY to whoever asks (the monitor's live view)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def keep_stdout(terminal: bool) -> None:
+    """Point ``sys.stdout`` at a copy of descriptor 1, so it stays on the console when :func:`send_output_to` moves 1.
+
+    ``terminal``: the launcher's stdout is a terminal, so the stream says it is one.
+    """
+    sys.stdout.flush()
+    binary = os.fdopen(os.dup(1), "wb")
+    sys.stdout = (_Terminal if terminal else io.TextIOWrapper)(binary, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                                                                line_buffering=True)
+
+
+def send_output_to(log_path: Path) -> IO[str]:
+    """Redirect descriptors 1 and 2 of this process (and of the children it starts) to ``log_path``, appending.
+
+    Returns a stream on a copy of the original descriptor 2, for hetrl's own messages to the console.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.fdopen(os.dup(2), "w", encoding=sys.stderr.encoding, errors="backslashreplace", buffering=1)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    return console
 
 
 def _pin_threads() -> None:
@@ -95,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.from_json((run_dir / rundir.PLAN).read_text())
     ctx = init_control_plane(plan)
     label = f"{ctx.role}[{ctx.assignment.role_rank}] (world rank {ctx.rank})"
-    _abort_on_exception(ctx.world, label)
     (run_dir / rundir.LOGS).mkdir(exist_ok=True)
+    log_path = run_dir / rundir.LOGS / f"{ctx.role}_{ctx.assignment.role_rank}.log"
+    if ctx.role == "orchestrator":
+        keep_stdout(terminal=os.environ.get(TERMINAL_ENV) == "1")
+    _abort_on_exception(ctx.world, label, sys.stderr if cfg.monitor.verbose else send_output_to(log_path))
     logging.basicConfig(
-        filename=run_dir / rundir.LOGS / f"{ctx.role}_{ctx.assignment.role_rank}.log", level=logging.INFO,
+        filename=log_path, level=logging.INFO,
         format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
     )
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)

@@ -124,7 +124,9 @@ class LiveConsole:
             TimeRemainingColumn(), console=console,
         )
         self._task = self._progress.add_task("steps", total=total_steps)
-        self._live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
+        # print() goes above the view while it is up; stderr is left alone: it carries the libraries'
+        # output, which the worker sends to the rank's log unless monitor.verbose says otherwise.
+        self._live = Live(self._render(), console=console, refresh_per_second=2, transient=False, redirect_stderr=False)
         self._live.start()
 
     def _render(self) -> Group:
@@ -165,11 +167,12 @@ def make_console(enabled: bool, total_steps: int, key_metrics: Sequence[str], st
                  force_terminal: bool | None = None) -> Console | None:
     """The live view on a terminal, plain lines otherwise, None when the console is disabled.
 
+    ``stream`` defaults to stdout: a rank's stderr goes to its log (hetrl.launch.worker).
     ``force_terminal`` overrides TTY detection (tests; or a terminal rich cannot detect).
     """
     if not enabled:
         return None
-    stream = stream if stream is not None else sys.stderr
+    stream = stream if stream is not None else sys.stdout
     is_tty = stream.isatty() if force_terminal is None else force_terminal
     if is_tty:
         return LiveConsole(total_steps, key_metrics, RichConsole(file=stream, force_terminal=True))

@@ -97,6 +97,26 @@ def import_vllm() -> Any:
     return vllm
 
 
+class _RotaryReloadNotice(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights", logged at every weight push.
+
+    vLLM's in-place layerwise reload counts RotaryEmbedding's ``cos_sin_cache`` buffer as a tensor
+    the layer loads, but no push (nor any HF checkpoint) carries it: it is computed from
+    ``rope_theta``. Finding nothing loaded, the reload puts the existing cache back -- the right
+    outcome -- and warns. After pushes the engine's greedy tokens still equal HF generate's
+    (tests/rollout/test_weight_sync.py) and its log-probs the trainer's to ~1e-14 (mismatch/k3_kl of
+    a tiny_grpo run): the cache is intact, as tests/rollout/test_rotary_reload.py checks directly.
+    """
+
+    LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+
+
+_ROTARY_RELOAD_NOTICE = _RotaryReloadNotice()
+
+
 def checkpoint_weights(model_path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """HF name -> (shape, safetensors dtype) of every tensor in the checkpoint, read from file headers only.
 
@@ -169,6 +189,8 @@ class GenerationEngine:
         configure_vllm_environment(cfg.cpu_threads_bind, self.on_gpu, cfg.engine_tensor_parallel)
         vllm = import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        logging.getLogger(_RotaryReloadNotice.LOGGER).addFilter(_ROTARY_RELOAD_NOTICE)  # once per process: same object
 
         self.model_path = str(model_path)
         self.architecture = check_servable(model_path)
