@@ -61,7 +61,13 @@ class TaskSourceConfig(Section):
 class EnvConfig(Section):
     name: str = Field("math", description="Environment: math, code, tool_math, terminal, multimodal.")
     tasks: TaskSourceConfig = Field(default_factory=TaskSourceConfig, description="Training task source.")
-    eval_tasks: TaskSourceConfig | None = Field(None, description="Held-out task source for evaluation; null = tasks with a different seed.")
+    eval_tasks: TaskSourceConfig | None = Field(
+        None,
+        description="Held-out task source for evaluation; null = the tasks config, generated and drawn under seed "
+        "run.seed + 1000003. Either way, training tasks with the content of a held-out task are removed from "
+        "training, unless they are over a quarter of its distinct tasks (the task space is too small to split): then "
+        "training keeps them and the run prints the overlap and records it in summary.json (held_out_split).",
+    )
     system_prompt: str | None = Field(None, description="System message prepended to every episode; null = the environment's own.")
     max_turns: int = Field(1, ge=1, description="Turn budget per episode.")
     max_episode_tokens: int = Field(512, ge=16, description="Token budget per episode (prompt + all turns).")

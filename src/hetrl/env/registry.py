@@ -13,9 +13,13 @@ import inspect
 from typing import Any, Callable
 
 from hetrl.config.env import EnvConfig, TaskSourceConfig
-from hetrl.env.base import Environment
+from hetrl.env.base import Environment, Task
 from hetrl.env.execution import CodeRunner
 from hetrl.env.tasks.base import TaskSource, TaskStream
+from hetrl.env.tasks.split import HeldOutSplit, draw_held_out, split_held_out
+
+# The held-out draw of a run is generated (procedural sources) and ordered under run.seed + this.
+EVAL_SEED_OFFSET = 1_000_003
 
 ENVIRONMENTS: dict[str, str] = {
     "math": "hetrl.env.envs.math:MathEnv",
@@ -91,3 +95,21 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
 
 def build_task_stream(cfg: TaskSourceConfig, seed: int, shuffle: bool = True) -> TaskStream:
     return TaskStream(build_task_source(cfg, seed), seed=seed, shuffle=shuffle)
+
+
+def _eval_source(cfg: EnvConfig, seed: int) -> tuple[TaskSource, int]:
+    """The source of a run's held-out draw and the draw's seed: ``env.eval_tasks``, else the training config."""
+    eval_seed = seed + EVAL_SEED_OFFSET
+    return build_task_source(cfg.eval_tasks or cfg.tasks, eval_seed), eval_seed
+
+
+def build_held_out(cfg: EnvConfig, seed: int, num_tasks: int) -> list[tuple[Task, int]]:
+    """The held-out draw of a run with ``seed`` (what ``build_held_out_split`` holds out, without the training side)."""
+    return draw_held_out(*_eval_source(cfg, seed), num_tasks)
+
+
+def build_held_out_split(cfg: EnvConfig, seed: int, num_eval_tasks: int) -> HeldOutSplit:
+    """The held-out draw and the training source (generated under ``seed``) without it; see hetrl.env.tasks.split."""
+    eval_source, eval_seed = _eval_source(cfg, seed)
+    held_out = draw_held_out(eval_source, eval_seed, num_eval_tasks)
+    return split_held_out(build_task_source(cfg.tasks, seed), held_out, eval_source)

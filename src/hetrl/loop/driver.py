@@ -1,7 +1,8 @@
 """The orchestrator's main: evaluate, warm-start, run the schedule, evaluate again, report.
 
-It prints the held-out reward before and after training and writes ``summary.json`` into the run
-directory, so "did it learn" is one line to read. Checkpoints are taken every ``checkpoint.every``
+It prints the held-out split (which eval tasks training was kept from, hetrl.env.tasks.split) at
+the start and the held-out reward before and after training at the end, and writes both into
+``summary.json`` in the run directory, so "did it learn" is one line to read. Checkpoints are taken every ``checkpoint.every``
 RL steps, at the end, and at the first step boundary after a pre-emption signal; a resumed run
 skips whatever its checkpoint's loop state says is done (see ``hetrl.loop.resume``).
 """
@@ -26,12 +27,10 @@ logger = logging.getLogger(__name__)
 
 
 def eval_tasks(cfg: HetrlConfig) -> list[tuple[Any, int]]:
-    """A fixed held-out draw: the eval source, or the training source under another seed."""
-    from hetrl.env.registry import build_task_stream
+    """The run's fixed held-out draw (hetrl.env.tasks.split), without building the training side."""
+    from hetrl.env.registry import build_held_out
 
-    source = cfg.env.eval_tasks or cfg.env.tasks
-    stream = build_task_stream(source, seed=cfg.run.seed + 1_000_003)
-    return [stream.next() for _ in range(cfg.eval.num_tasks)]
+    return build_held_out(cfg.env, seed=cfg.run.seed, num_tasks=cfg.eval.num_tasks)
 
 
 def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int) -> list[list[Sample]]:
@@ -55,7 +54,7 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     from transformers import AutoTokenizer
 
     from hetrl.env.chat import ChatCodec
-    from hetrl.env.registry import build_task_stream
+    from hetrl.env.tasks.base import TaskStream
     from hetrl.monitor.core import Monitor
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -65,8 +64,11 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     summary = state.summary
     monitor = Monitor(cfg.monitor, run_dir, cfg.run.steps, roles=("rollout", "reward", "trainer"), run_config=cfg.model_dump(mode="json"))
     orch.attach_monitor(monitor)
-    held_out = eval_tasks(cfg)
-    demo_stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed + cfg.warm_start.seed_offset)
+    held_out = orch.split.held_out
+    summary["held_out_split"] = orch.split.report.as_dict()
+    print(f"[hetrl] held-out split: {orch.split.report.summary()}", flush=True)
+    # Demonstrations come from the training side of the split too: a warm start must not see eval prompts.
+    demo_stream = TaskStream(orch.split.training, seed=cfg.run.seed + cfg.warm_start.seed_offset)
     if state.demo_stream is not None:
         demo_stream.load_state_dict(state.demo_stream)
     try:

@@ -89,10 +89,13 @@ def _group(group_id: str, task: Any, seed: int, group_size: int) -> list[Episode
 
 class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
-        from hetrl.env.registry import build_task_stream
+        from hetrl.env.registry import build_held_out_split
+        from hetrl.env.tasks.base import TaskStream
 
         self.ctx, self.cfg, self.run_dir, self.tokenizer = ctx, cfg, run_dir, tokenizer
-        self.stream = build_task_stream(cfg.env.tasks, seed=cfg.run.seed)
+        # Once per run, here: the training stream walks the training side of the held-out split.
+        self.split = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks)
+        self.stream = TaskStream(self.split.training, seed=cfg.run.seed)
         self.engines = ctx.plan.ranks_of("rollout")
         self.reward_ranks = ctx.plan.ranks_of("reward")
         self.trainer_leader = ctx.plan.ranks_of("trainer")[0]  # the one trainer rank the orchestrator talks to

@@ -17,6 +17,9 @@ from hetrl.env.base import Task
 
 
 class TaskSource(Protocol):
+    """A source may also define ``content_of(task)`` (see ``ProceduralSource``) when its tasks' messages
+    are not all the policy is shown."""
+
     name: str
 
     def __len__(self) -> int: ...
@@ -115,3 +118,12 @@ class ProceduralSource(ABC):
     @abstractmethod
     def make(self, rng: random.Random, index: int) -> Task:
         """Task ``index``, drawing all randomness from ``rng``."""
+
+    def content_of(self, task: Task) -> Any:
+        """What tells two of its tasks apart, for the held-out split (``hetrl.env.tasks.split``).
+
+        All of a generated task but its id: environments show the policy more than the messages
+        (``shapes`` renders its scene from the metadata), and the messages alone would make
+        different scenes under one question the same task.
+        """
+        return [task.messages, task.answer, task.metadata]
