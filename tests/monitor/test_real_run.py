@@ -101,6 +101,28 @@ def test_plot(tiny_run, tmp_path):
         png = tmp_path / f"{panel}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "reward/length/mean" in proc.stdout
+    gantt = tmp_path / "timeline.png"
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and gantt.stat().st_size > 5000
+    assert "where a step goes" in proc.stdout
+
+
+def test_the_timeline_shows_every_phase_and_hop_of_a_step(tiny_run):
+    """Each RL step after the first holds the phases of every role and the messages between them."""
+    from hetrl.control.timeline import hop_latencies, phase_medians, read_timeline, step_windows
+
+    records = read_timeline(tiny_run)
+    assert sorted(step_windows(records)) == list(range(STEPS))
+    phases = phase_medians(records)
+    for phase in ("orchestrator_0: collect batch", "orchestrator_0: train", "rollout_0: generate", "rollout_0: reload weights",
+                  "reward_0: score", "trainer_0: log-probs", "trainer_0: forward-backward", "trainer_0: optimizer step",
+                  "trainer_0: push weights"):
+        assert phases.get(phase, 0) > 0, (phase, phases)
+    assert phases["orchestrator_0: collect batch"] + phases["orchestrator_0: train"] <= phases["orchestrator_0: step"]
+    hops = hop_latencies(records)
+    for hop in ("RolloutWork -> rollout_0", "RolloutDone -> orchestrator_0", "RewardWork -> reward_0", "RewardDone -> orchestrator_0",
+                "TrainWork -> trainer_0", "TrainDone -> orchestrator_0", "SyncWeights -> rollout_0"):
+        latency, per_step = hops[hop]
+        assert 0 <= latency < 5 and per_step >= 1, (hop, hops[hop])
 
 
 def test_warn_guard_fires_and_the_run_goes_on(tiny_run):

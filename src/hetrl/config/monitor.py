@@ -84,6 +84,10 @@ class MonitorConfig(Section):
         False, description="Print every role's library output (vLLM, megatron, torch, C++ warnings) on the console along with "
                            "hetrl's own lines; by default it goes to that rank's log, RUN/logs/<role>_<rank>.log, instead.",
     )
+    timeline: bool = Field(
+        True, description="Record every rank's phases of work and every control message's latency into RUN/timeline/ "
+                          "(hetrl.control.timeline); python -m hetrl.plot RUN draws them as a Gantt chart of a few steps.",
+    )
     console_metrics: list[str] = Field(
         default_factory=lambda: [
             "reward/mean", "response_length/mean", "entropy", "approx_kl", "mismatch/k3_kl", "grad_norm", "staleness/mean", "time/step",

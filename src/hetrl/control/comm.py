@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hetrl.control import timeline
 from hetrl.control.plan import ROLES, Plan, RankAssignment
 
 _POLL_MIN_S = 0.0005
@@ -88,9 +89,14 @@ def init_control_plane(plan: Plan, world: Any = None) -> RoleContext:
 _outbox: list[Any] = []
 
 
+def envelope(obj: Any) -> tuple[float, Any]:
+    """What goes on the wire: ``obj`` with its send time, for the receiver's timeline (hetrl.control.timeline)."""
+    return time.time(), obj
+
+
 def send(comm: Any, obj: Any, dest: int, tag: Tag) -> None:
     """Send without waiting for the receiver; the message completes in later polls or flush_sends()."""
-    _outbox.append(comm.isend(obj, dest=dest, tag=int(tag)))
+    _outbox.append(comm.isend(envelope(obj), dest=dest, tag=int(tag)))
     _progress_sends()
 
 
@@ -146,9 +152,11 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
             continue
         if (item.source, item.tag) in still_arriving:
             continue
-        done, obj = item.request.test()
+        done, wrapped = item.request.test()
         if done:
             _inbox.remove(item)
+            sent, obj = wrapped
+            timeline.hop(type(obj).__name__, item.source, sent)
             return obj, item.source, item.tag
         still_arriving.add((item.source, item.tag))
     return None

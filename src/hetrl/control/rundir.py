@@ -23,6 +23,7 @@ WEIGHTS = "weights"  # the filesystem weight-sync transport's staging directory
 LOGS = "logs"  # one log file per rank
 CHECKPOINTS = "checkpoints"  # step_<version>/ subdirectories
 HANG = "hang"  # liveness beats, stack dumps and the watchdog's report
+TIMELINE = "timeline"  # every rank's spans of work and message hops (hetrl.control.timeline)
 
 # The requeue protocol. A rank that checkpointed on a pre-emption signal exits with this code; the
 # batch script then requeues the job, which resumes from the checkpoint.

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
 
     from hetrl.config.loader import validate_tree
-    from hetrl.control import liveness, rundir
+    from hetrl.control import liveness, rundir, timeline
     from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
     from hetrl.control.plan import Plan
@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     faults = Fault.parse(os.environ.get("HETRL_INJECT_FAULT"))
     at_start(faults, ctx.role, ctx.assignment.role_rank)
     liveness.start_beacon(run_dir, ctx.rank, ctx.role, ctx.assignment.role_rank, cfg.monitor.hang_timeout_s)
+    if cfg.monitor.timeline:
+        timeline.start(run_dir, ctx.role, ctx.assignment.role_rank)
     run_handshake(ctx, run_dir)
     logging.info("handshake done")
     if args.check:
@@ -169,7 +171,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     The orchestrator exits last (it waits for every rank's bye), so a launcher that kills the job
     on the first non-zero exit (``srun --kill-on-bad-exit``) cannot cut another rank's shutdown short.
     """
-    from hetrl.control import liveness, rundir
+    from hetrl.control import liveness, rundir, timeline
     from hetrl.control.comm import flush_sends
     from hetrl.loop import preempt
     from hetrl.loop.roles import run_role
@@ -189,6 +191,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
         preempt.say_bye(ctx)
     flush_sends()
     liveness.stop_beacon()
+    timeline.stop()
     logging.info("role finished; exiting with %d", code)
     return code
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import logging
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.monitor import names
+from hetrl.control import timeline
 from hetrl.control.comm import RoleContext
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
@@ -110,7 +112,8 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     max_lag = 0 if schedule.type == "sync" else schedule.max_staleness
     look_ahead = {"sync": 0, "one_step_off": 1, "async": schedule.max_staleness}[schedule.type]
     target = cfg.run.prompts_per_step * (1 + look_ahead)
-    with monitor.timer(step, "generate"):
+    t0 = time.time()
+    with monitor.timer(step, "generate"), timeline.span("collect batch"):
         # Groups left over from the last step are generating already; with a look-ahead they go on
         # generating while this step trains (the batch counts against the target until trained).
         orch.top_up(target)
@@ -124,7 +127,7 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
                        names.STALENESS_REGENERATED: float(orch.take_regenerated()),
                        names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
                        names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes())})
-    with monitor.timer(step, "train"):
+    with monitor.timer(step, "train"), timeline.span("train"):
         done = orch.train(step, batch)
     monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
     monitor.record_rollouts(step, samples, trainer_logprobs=done.trainer_logprobs)
@@ -132,3 +135,4 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         monitor.log(step, orch.evaluate(held_out)[1])
     monitor.end_step(step)
+    timeline.record("step", t0, time.time(), step=step)

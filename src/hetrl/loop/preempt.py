@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.control import rundir
-from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.control.comm import RoleContext, Tag, envelope, poll, send
 
 logger = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -67,7 +67,7 @@ def install_handlers(ctx: RoleContext) -> None:
         logger.warning("received signal %d: checkpoint at the next safe point, then exit", signum)
         if first and ctx.role != "orchestrator":
             # Handlers run between two bytecodes of the main thread, never inside an MPI call.
-            _notices.append(ctx.world.isend(PreemptNotice(signum), dest=ctx.orchestrator_rank, tag=int(Tag.CONTROL)))
+            _notices.append(ctx.world.isend(envelope(PreemptNotice(signum)), dest=ctx.orchestrator_rank, tag=int(Tag.CONTROL)))
 
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, handler)

@@ -13,7 +13,7 @@ import logging
 import time
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control import liveness
+from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, recv, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
@@ -50,7 +50,7 @@ def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
             if not isinstance(message, RewardWork):
                 raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
             liveness.busy(f"scoring {len(message.samples)} sample(s)")
-            start = time.monotonic()
+            start, t0 = time.monotonic(), time.time()
             try:
                 if crash.fire():
                     raise RuntimeError("injected fault: the reward scorer crashed")
@@ -61,6 +61,7 @@ def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
                 rubric = Rubric.from_config(cfg.reward)
                 done = RewardDone([], failed=[s.sample_id for s in message.samples])
             done.score_s = time.monotonic() - start
+            timeline.record("score", t0, time.time())
             send(ctx.world, done, source, Tag.RESULT)
     finally:
         rubric.close()

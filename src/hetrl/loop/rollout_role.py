@@ -25,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control import liveness
+from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.remote import EnvServerLost
 from hetrl.loop.faults import Countdown
@@ -70,6 +71,7 @@ class RolloutWorker:
         self._errors: list[BaseException] = []
         self._failed: list[str] = []
         self.stop = False
+        self._generating_since: float | None = None  # when the engine last went from no episodes to some
 
     def _new_engine(self) -> Any:
         from hetrl.rollout.engine import GenerationEngine
@@ -125,13 +127,15 @@ class RolloutWorker:
         staged = None
         liveness.busy(f"receiving weights v{message.version} (serving v{self.engine.version})")
         try:
-            staged = self.receiver.receive(message.version, message.attempt)
+            with timeline.span("receive weights"):
+                staged = self.receiver.receive(message.version, message.attempt)
             if staged.version == self.engine.version:  # sent again for another engine's sake
                 send(self.ctx.world, ServingWeights(staged.version), self.ctx.orchestrator_rank, Tag.RESULT)
                 return
             if self.refuse_push.fire():
                 raise WeightSyncError(f"injected fault: push v{staged.version} refused (as if its checksums did not match)")
-            self.engine.load_weights(staged)  # removes the push's shared-memory copy once read
+            with timeline.span("reload weights"):
+                self.engine.load_weights(staged)  # removes the push's shared-memory copy once read
         except WeightStreamBroken:
             raise
         except WeightSyncError as error:
@@ -219,10 +223,17 @@ class RolloutWorker:
         self.engine.shutdown()
 
     def _report_liveness(self, moved: bool) -> None:
-        """Busy while it holds episodes (a decoding step or an env answer is progress), else idle."""
+        """Busy while it holds episodes (a decoding step or an env answer is progress), else idle;
+        each stretch of holding episodes is a ``generate`` span of the timeline."""
         if not self._tasks:
+            if self._generating_since is not None:
+                timeline.record("generate", self._generating_since, time.time())
+                self._generating_since = None
             liveness.idle("waiting for episodes")
-        elif moved:
+            return
+        if self._generating_since is None:
+            self._generating_since = time.time()
+        if moved:
             liveness.busy(f"generating {len(self._tasks)} episode(s) with weights v{self.engine.version}")
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.control import liveness
+from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
@@ -241,6 +241,12 @@ def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any 
     bucket_bytes = cfg.rollout.weight_sync_bucket_bytes(on_gpu=trainer.groups.device.type == "cuda")
     buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
     liveness.busy(f"pushing weights v{version} to the engines")
+    with timeline.span("push weights"):
+        _stream(ctx, sender, buckets, version, attempt)
+    liveness.tick()
+
+
+def _stream(ctx: RoleContext, sender: Any | None, buckets: Any, version: int, attempt: int) -> None:
     if sender is None:
         for _ in buckets:  # non-zero ranks only contribute their shards to the gathers
             pass
@@ -251,8 +257,6 @@ def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any 
             logger.error("%s", error)
             send(ctx.world, PushFailed(version, attempt, str(error.__cause__ or error).splitlines()[0]), ctx.orchestrator_rank, Tag.RESULT)
             flush_sends()
-            return
-    liveness.tick()
 
 
 def _critic_state(critic: Any | None) -> tuple[Any, Any, Any] | None:

@@ -27,6 +27,7 @@ from torch import Tensor
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
+from hetrl.control import timeline
 from hetrl.monitor import names
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
@@ -167,9 +168,11 @@ class PolicyTrainer:
 
         self.optimizer.zero_grad()
         self.model.zero_grad_buffer()
-        stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False)
+        with timeline.span("forward-backward"):
+            stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False)
         self.scheduler.step(increment=1)  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
-        _, grad_norm, _ = self.optimizer.step()
+        with timeline.span("optimizer step"):
+            _, grad_norm, _ = self.optimizer.step()
         self.step += 1
         metrics = reduce_metrics(stored, self.groups)
         elapsed = time.perf_counter() - start

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from hetrl.control import timeline
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
 from hetrl.trainer.batch import completion_tensors
 from hetrl.trainer.critic import ValueTrainer
@@ -60,12 +61,14 @@ def train_on_batch(
     """
     algo = policy.algo_cfg
     bounds = minibatch_bounds(len(samples), num_minibatches)
-    batches = [policy.make_batch(samples[a:b]) for a, b in bounds]
+    with timeline.span("make batch"):
+        batches = [policy.make_batch(samples[a:b]) for a, b in bounds]
     mask, _ = completion_tensors(samples)
     width = mask.shape[1]
-    old = [policy.compute_logprobs(batch) for batch in batches]
-    ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None and not supervised else None
-    values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
+    with timeline.span("log-probs"):
+        old = [policy.compute_logprobs(batch) for batch in batches]
+        ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None and not supervised else None
+        values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
     progress()
     old_full = _stack(old, width)
     if supervised:
