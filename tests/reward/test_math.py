@@ -4,7 +4,7 @@ import pytest
 
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
-from hetrl.reward.math import PARTIAL_PARSE, TIMEOUT, TOLERANCE_FALSE_POSITIVE, MathReward, boxed_contents, check_answer
+from hetrl.reward.math import PARTIAL_PARSE, TIMEOUT, TOLERANCE_FALSE_POSITIVE, MathReward, boxed_contents, check_answer, integer_verdict
 from hetrl.types import Sample
 
 
@@ -29,6 +29,18 @@ def test_guards(completion, gold, correct, flag):
     verdict = check_answer(completion, gold)
     assert verdict.correct is correct, verdict
     assert (flag in verdict.flags) if flag else not verdict.flags
+
+
+@pytest.mark.parametrize("completion, gold", [("7", "7"), (" 12 ", "12"), ("-3", "-3"), ("007", "7"), ("7", "8"), ("-7", "7"),
+                                              ("123456789012345678901234567890", "123456789012345678901234567891")])
+def test_plain_integers_are_judged_in_process_as_math_verify_judges_them(completion, gold):
+    fast = integer_verdict(completion, gold)
+    assert fast is not None and (fast.correct, fast.flags) == (check_answer(completion, gold).correct, [])
+
+
+@pytest.mark.parametrize("completion", ["7 cm", "7.0", "\\boxed{7}", "3+4", "7 7", ""])
+def test_anything_but_a_plain_integer_goes_to_math_verify(completion):
+    assert integer_verdict(completion, "7") is None
 
 
 def test_boxed_contents_balanced():

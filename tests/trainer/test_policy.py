@@ -171,3 +171,37 @@ def test_destroy_parallel_frees_megatron_groups(two_ranks) -> None:
     (they piled up to thousands of threads over the test session and stalled gloo)."""
     for counts in two_ranks.run(_threads_after_layouts):
         assert counts[-1] - counts[1] <= 2, counts
+
+
+def _old_from_the_update_vs_a_separate_pass(rank: int, world_size: int) -> dict:
+    """The same first update twice: old log-probs from a forward of their own, then from the update's."""
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+
+    out = {}
+    for layout, update in (("dp2", {}), ("pp2", {"pipeline_parallel": 2})):
+        tcfg = TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, grad_clip=1.0, **update)
+        runs = []
+        for separate in (True, False):
+            trainer = PolicyTrainer(DENSE, tcfg, ALGO, seed=11, max_len=16)
+            try:
+                batch = trainer.make_batch(make_samples(8, vocab=DENSE.vocab_size)).with_advantages(torch.linspace(-1, 1, 8))
+                if separate:
+                    old = trainer.compute_logprobs(batch)
+                    metrics = trainer.train_step(batch, old_logprobs=old)
+                else:
+                    metrics, old = trainer.train_step(batch, with_logprobs=True)
+                runs.append({"metrics": metrics, "old": old, "after": trainer.compute_logprobs(batch)})
+            finally:
+                destroy_parallel()
+        out[layout] = runs
+    return out
+
+
+def test_old_logprobs_from_the_update_forward_equal_a_separate_pass(two_ranks) -> None:
+    for rank_result in two_ranks.run(_old_from_the_update_vs_a_separate_pass):
+        for layout, (separate, from_update) in rank_result.items():
+            torch.testing.assert_close(from_update["old"], separate["old"], atol=1e-6, rtol=0, msg=layout)
+            torch.testing.assert_close(from_update["after"], separate["after"], atol=1e-6, rtol=0, msg=layout)
+            for key in ("loss/total", "loss/policy", "grad_norm"):
+                assert abs(from_update["metrics"][key] - separate["metrics"][key]) < 1e-6, (layout, key)

@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from hetrl.control import timeline
 from hetrl.control.plan import ROLES, Plan, RankAssignment
 
+# A wait probes with naps that double from _POLL_MIN_S to _POLL_SOON_S while the message is likely
+# to be on its way (the first _SOON_S: a step's results, a reward round trip), then up to _POLL_MAX_S.
+# A message thus waits at most ~2 ms to be seen on the critical path, and an idle rank wakes 50 times a second.
 _POLL_MIN_S = 0.0005
+_POLL_SOON_S = 0.002
+_SOON_S = 1.0
 _POLL_MAX_S = 0.02
 
 
@@ -105,6 +111,14 @@ def _progress_sends() -> None:
         _outbox[:] = [request for request in _outbox if not request.Test()]
 
 
+def _naps() -> Iterator[float]:
+    """The sleeps between the probes of one wait (see _POLL_SOON_S)."""
+    start, delay = time.monotonic(), _POLL_MIN_S
+    while True:
+        yield delay
+        delay = min(delay * 2, _POLL_SOON_S if time.monotonic() - start < _SOON_S else _POLL_MAX_S)
+
+
 def flush_sends(timeout_s: float = 300.0) -> None:
     """Wait (sleeping) until every message this process sent was received.
 
@@ -112,13 +126,12 @@ def flush_sends(timeout_s: float = 300.0) -> None:
     progress: a large message still in flight would hold its receiver until that wait ends.
     """
     deadline = time.monotonic() + timeout_s
-    delay = _POLL_MIN_S
+    naps = _naps()
     while _outbox:
         _progress_sends()
         if time.monotonic() > deadline:
             raise PeerTimeout(f"{len(_outbox)} sent message(s) not received within {timeout_s:.0f} s")
-        time.sleep(delay)
-        delay = min(delay * 2, _POLL_MAX_S)
+        time.sleep(next(naps))
 
 
 @dataclass
@@ -165,7 +178,7 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
 def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s: float | None = None) -> tuple[Any, int, int]:
     """Wait for a matching message, sleeping between probes so an idle rank uses no CPU."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    delay = _POLL_MIN_S
+    naps = _naps()
     while True:
         got = poll(comm, source, tag)
         if got is not None:
@@ -174,8 +187,7 @@ def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s
             who = "any rank" if source is None else f"rank {source}"
             what = "any message" if tag is None else Tag(tag).name
             raise PeerTimeout(f"waited {timeout_s:.0f} s for {what} from {who}")
-        time.sleep(delay)
-        delay = min(delay * 2, _POLL_MAX_S)
+        time.sleep(next(naps))
 
 
 def share(comm: Any, obj: Any = None, root: int = 0) -> Any:
@@ -201,8 +213,7 @@ def share(comm: Any, obj: Any = None, root: int = 0) -> Any:
 
 def _wait(request: Any) -> None:
     """Complete a non-blocking MPI request, sleeping between tests (and making this rank's sends progress)."""
-    delay = _POLL_MIN_S
+    naps = _naps()
     while not request.Test():
         _progress_sends()
-        time.sleep(delay)
-        delay = min(delay * 2, _POLL_MAX_S)
+        time.sleep(next(naps))

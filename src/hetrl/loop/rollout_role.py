@@ -71,7 +71,7 @@ class RolloutWorker:
         self._errors: list[BaseException] = []
         self._failed: list[str] = []
         self.stop = False
-        self._generating_since: float | None = None  # when the engine last went from no episodes to some
+        self._generating_since: float | None = None  # when work last came to an engine holding no episodes
 
     def _new_engine(self) -> Any:
         from hetrl.rollout.engine import GenerationEngine
@@ -111,6 +111,8 @@ class RolloutWorker:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, RolloutWork):
+            if self._generating_since is None:
+                self._generating_since = time.time()
             for item in message.items:
                 task = asyncio.get_running_loop().create_task(self._episode(item, message.sampling))
                 self._tasks[task] = item
@@ -224,16 +226,13 @@ class RolloutWorker:
 
     def _report_liveness(self, moved: bool) -> None:
         """Busy while it holds episodes (a decoding step or an env answer is progress), else idle;
-        each stretch of holding episodes is a ``generate`` span of the timeline."""
+        each stretch of holding episodes, from the work's arrival, is a ``generate`` span of the timeline."""
         if not self._tasks:
             if self._generating_since is not None:
                 timeline.record("generate", self._generating_since, time.time())
                 self._generating_since = None
             liveness.idle("waiting for episodes")
-            return
-        if self._generating_since is None:
-            self._generating_since = time.time()
-        if moved:
+        elif moved:
             liveness.busy(f"generating {len(self._tasks)} episode(s) with weights v{self.engine.version}")
 
 

@@ -105,14 +105,35 @@ def check_answer(completion: str, gold: str, rel_tol: float = 1e-6) -> MathVerdi
     return MathVerdict(True, [], "correct", matched)
 
 
+_INTEGER = re.compile(r"\s*(-?\d{1,100})\s*")
+
+
+def integer_verdict(completion: str, gold: str) -> MathVerdict | None:
+    """The verdict when answer and reference are both plain integers, else None.
+
+    Compared exactly, in process: math-verify would parse both with sympy in a worker process and
+    reach the same verdict ~100x slower, and arithmetic tasks (the embedded default's) are made of
+    these. Anything else (signs of a formula, units, boxes, decimals) goes to :func:`check_answer`.
+    """
+    answer, reference = _INTEGER.fullmatch(completion), _INTEGER.fullmatch(gold)
+    if answer is None or reference is None:
+        return None
+    if int(answer[1]) == int(reference[1]):
+        return MathVerdict(True, [], "correct", answer[1])
+    return MathVerdict(False, [], "wrong answer", answer[1])
+
+
 class MathVerifier:
-    """Thread-safe front of ``check_answer`` with a hard per-call deadline."""
+    """Thread-safe front of ``check_answer`` with a hard per-call deadline (plain integers are checked in process)."""
 
     def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6) -> None:
         self.rel_tol = rel_tol
         self._caller = DeadlineCaller(check_answer, workers=workers, timeout_s=timeout_s)
 
     def verify(self, completion: str, gold: Any) -> MathVerdict:
+        verdict = integer_verdict(completion, str(gold))
+        if verdict is not None:
+            return verdict
         try:
             return self._caller.call(completion, str(gold), self.rel_tol)
         except TimeoutError as exc:

@@ -32,7 +32,7 @@ from hetrl.monitor import names
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
 from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch, shard_for_data_parallel
-from hetrl.trainer.logprobs import forward_logprobs, run_schedule, sample_logprobs
+from hetrl.trainer.logprobs import broadcast_from_last_stage, forward_logprobs, run_schedule, sample_logprobs
 from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
@@ -129,21 +129,23 @@ class PolicyTrainer:
             return to_global(logprobs, batch, self.groups), to_global(entropy, batch, self.groups)
         return to_global(logprobs, batch, self.groups)
 
-    def train_step(self, batch: TrainBatch, *, old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, *, old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
+                   with_logprobs: bool = False) -> dict[str, float] | tuple[dict[str, float], Tensor]:
         """One optimizer step on the batch (all its micro-batches accumulated); the step's metrics.
 
-        ``old_logprobs`` (full batch, sample space) default to the policy's own, recomputed now
-        (on-policy first update); ``ref_logprobs`` default to the reference model's when there is
-        one. Metrics: the loss parts and clip fractions of ``compute_loss`` summed over the whole
-        step, ``grad_norm`` (before clipping), ``lr``, tokens/s and step time.
+        ``old_logprobs`` (full batch, sample space) default to the policy's own before this update,
+        taken from the update's own forward, detached: the first update on a batch needs no forward
+        of its own for them (no dropout, so they equal a separate pass's). ``ref_logprobs`` default
+        to the reference model's when there is one. Metrics: the loss parts and clip fractions of
+        ``compute_loss`` summed over the whole step, ``grad_norm`` (before clipping), ``lr``,
+        tokens/s and step time. ``with_logprobs`` also returns the update forward's log-probs
+        ``[N, Tc]`` (the weights before the update), on every rank.
         """
         start = time.perf_counter()
-        if old_logprobs is None:
-            old_logprobs = self.compute_logprobs(batch)
         if ref_logprobs is None and self.reference is not None:
             ref_logprobs = self.compute_logprobs(batch, reference=True)
         num_tokens, num_seqs = global_counts(batch, self.groups)
-        local_old = old_logprobs[batch.global_indices]
+        local_old = None if old_logprobs is None else old_logprobs[batch.global_indices]
         local_ref = None if ref_logprobs is None else ref_logprobs[batch.global_indices]
         # Megatron's schedule divides each micro-batch loss by M (and multiplies it by CP, which
         # DDP's average over DP x CP cancels): that holds for a (loss, metrics) pair, as below.
@@ -152,10 +154,11 @@ class PolicyTrainer:
 
         def loss_func(mb: MicroBatch, logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             lp, ent = sample_logprobs(logits, mb, self.groups, temperature=self.temperature, with_entropy=need_entropy)
+            update_logprobs.append(lp.detach())
             mask = mb.loss_mask.to(lp.device)
             inputs = LossInputs(
                 logprobs=lp,
-                old_logprobs=batch.gather(local_old, mb),
+                old_logprobs=update_logprobs[-1] if local_old is None else batch.gather(local_old, mb),
                 advantages=mb.advantages.to(lp.device),
                 mask=mask,
                 rollout_logprobs=mb.rollout_logprobs.to(lp.device),
@@ -166,6 +169,7 @@ class PolicyTrainer:
                                          max_len=self.max_len)
             return loss * scale, {k: v.detach().float() for k, v in metrics.items()}
 
+        update_logprobs: list[Tensor] = []  # per micro-batch, on the last pipeline stage
         self.optimizer.zero_grad()
         self.model.zero_grad_buffer()
         with timeline.span("forward-backward"):
@@ -185,7 +189,11 @@ class PolicyTrainer:
             TOKENS_PER_S: float(total_tokens) / elapsed,
             STEP_TIME_S: elapsed,
         })
-        return metrics
+        if not with_logprobs:
+            return metrics
+        last = self.groups.is_last_stage
+        local = broadcast_from_last_stage(batch.scatter(update_logprobs) if last else None, (batch.num_samples, batch.max_completion_len), self.groups)
+        return metrics, to_global(local, batch, self.groups)
 
 
 def to_global(local: Tensor, batch: TrainBatch, groups: ParallelGroups) -> Tensor:

@@ -65,12 +65,15 @@ def train_on_batch(
         batches = [policy.make_batch(samples[a:b]) for a, b in bounds]
     mask, _ = completion_tensors(samples)
     width = mask.shape[1]
+    # One update on the batch, and nothing needs the old log-probs before it: they come from the
+    # update's own forward (policy.train_step), which saves a forward pass per step.
+    old_from_update = num_minibatches == 1 and not (algo.kl_in_reward and algo.kl_coef > 0)
     with timeline.span("log-probs"):
-        old = [policy.compute_logprobs(batch) for batch in batches]
+        old = None if old_from_update else [policy.compute_logprobs(batch) for batch in batches]
         ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None and not supervised else None
         values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
     progress()
-    old_full = _stack(old, width)
+    old_full = None if old is None else _stack(old, width)
     if supervised:
         advantages, returns = mask, None
     else:
@@ -83,7 +86,12 @@ def train_on_batch(
     per_step = []
     for k, (a, b) in enumerate(bounds):
         batch = batches[k].with_advantages(advantages[a:b])
-        metrics = policy.train_step(batch, old_logprobs=old[k], ref_logprobs=None if ref is None else ref[k])
+        ref_k = None if ref is None else ref[k]
+        if old is None:
+            metrics, old_full = policy.train_step(batch, ref_logprobs=ref_k, with_logprobs=True)
+            old_full = _stack([old_full], width)
+        else:
+            metrics = policy.train_step(batch, old_logprobs=old[k], ref_logprobs=ref_k)
         if critic is not None and values is not None and returns is not None:
             metrics.update(critic.train_step(batch, old_values=values[k], returns=returns[a:b]))
         per_step.append(metrics)
