@@ -39,14 +39,17 @@ def _processes(run_dir: Path) -> dict[int, str]:
     return found
 
 
-def _freeze_mid_run(tmp_path: Path, role: str, overrides: list[str], wait_s: float) -> tuple[int, float, str, int]:
-    """Start a run, SIGSTOP ``role``'s rank once step 2 is logged; (exit code, seconds to exit, output, pid)."""
+def _freeze_mid_run(tmp_path: Path, role: str, overrides: list[str], wait_s: float,
+                    when: tuple[str, str] = ("out.txt", "step 2/")) -> tuple[int, float, str, int]:
+    """Start a run, SIGSTOP ``role``'s rank once ``when`` = (file under tmp_path, text) shows: by default
+    once step 2 is on the console; (exit code, seconds to exit, output, pid)."""
     log = open(tmp_path / "out.txt", "w+")
     proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *RUN, *overrides, f"run.output_dir={tmp_path}"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    watched, text = tmp_path / when[0], when[1]
     try:
         deadline = time.monotonic() + 600
-        while "step 2/" not in (tmp_path / "out.txt").read_text(errors="replace"):
+        while not watched.is_file() or text not in watched.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()[-3000:]
             time.sleep(0.5)
         victim = next(pid for pid, r in _processes(tmp_path / "tiny_grpo").items() if r == role)
@@ -81,9 +84,15 @@ def test_a_frozen_rank_ends_the_job_and_is_named(tmp_path, role, extra):
 def test_a_weight_push_that_times_out_names_the_engine(tmp_path):
     """Its own bound (rollout.weight_sync_timeout_s), shorter than the hang timeout here: a push to
     a frozen engine is not taken in time (the trainer's socket buffers may well have absorbed a push
-    this small), and the orchestrator names that engine."""
-    overrides = ["rollout.placement=disaggregated", "rollout.weight_sync_timeout_s=15", "monitor.hang_timeout_s=300"]
-    code, took, out, _ = _freeze_mid_run(tmp_path, "rollout", overrides, wait_s=180)
+    this small), and the orchestrator names that engine.
+
+    The engine is frozen during the warm start, where it is idle between pushes (one per supervised
+    step) and every later push is owed by it: frozen mid-RL, it could have taken the step's push and
+    be generating, which is the hang watchdog's case above."""
+    overrides = ["rollout.placement=disaggregated", "rollout.weight_sync_timeout_s=15", "monitor.hang_timeout_s=300",
+                 "warm_start.steps=40", "warm_start.batch_size=2"]
+    code, took, out, _ = _freeze_mid_run(tmp_path, "rollout", overrides, wait_s=180,
+                                         when=("tiny_grpo/logs/rollout_0.log", "now serving weights v3"))
     assert code != 0 and took < 120, out[-3000:]
     assert re.search(r"weight push v\d+ \(send 1\) (was not taken within rollout.weight_sync_timeout_s=15 s|broke off on the trainer: .*)\. "
                      r"Engines that did not take it: rollout\[0\] \(world rank 1\)", out), out[-3000:]

@@ -111,8 +111,9 @@ class Orchestrator:
         self.train_done: TrainDone | None = None
         self._training = False  # a step is at the trainer: the push that follows it supersedes any other
         self._push_attempt = 0  # sends of the current version's weights so far, minus one
-        self._push_pending: set[int] = set()  # engines that have not answered the current send
-        self._push_announced = 0.0  # when the engines were told to take it (monotonic)
+        # engine -> since when (monotonic) it has owed an answer to a push: a newer push does not restart
+        # the clock of an engine that never took the older one, an answer to an older one does.
+        self._push_pending: dict[int, float] = {}
         self.refused_pushes = 0  # since the last take_refused_pushes()
         self.refused_pushes_total = 0
         self.regenerated = 0  # stale samples generated again since the last take_regenerated()
@@ -202,8 +203,10 @@ class Orchestrator:
             self._on_push_refused(message, source)
         elif isinstance(message, ServingWeights):
             self.serving[source] = max(self.serving[source], message.version)
-            if message.version >= self.version:  # not a late answer to an older push
-                self._push_pending.discard(source)
+            if message.version >= self.version:
+                self._push_pending.pop(source, None)
+            elif source in self._push_pending:  # a late answer to an older push: alive, and owing the current one
+                self._push_pending[source] = time.monotonic()
         elif isinstance(message, PushFailed):
             self._on_push_failed(message)
         else:
@@ -229,7 +232,7 @@ class Orchestrator:
         send already superseded: several engines refusing one send get one send again.
         """
         if (message.version, message.attempt) == (self.version, self._push_attempt):
-            self._push_pending.discard(engine)
+            self._push_pending.pop(engine, None)
         self.refused_pushes += 1
         self.refused_pushes_total += 1
         logger.warning("engine rank %d refused weight push v%d (send %d): %s", engine, message.version, message.attempt + 1, message.reason)
@@ -243,16 +246,17 @@ class Orchestrator:
         """The trainer's push broke off: name the engines that had not taken it, and stop."""
         current = (message.version, message.attempt) == (self.version, self._push_attempt)
         self._push_not_taken(message.version, message.attempt, f"broke off on the trainer: {message.reason}",
-                             self._push_pending if current else set())
+                             set(self._push_pending) if current else set())
 
     def _check_push_deadline(self) -> None:
         """A push must be taken by every engine within ``rollout.weight_sync_timeout_s`` of being
         announced; a sender's buffers can absorb a push to an engine that is gone, so the trainer
         alone cannot tell."""
         timeout_s = self.cfg.rollout.weight_sync_timeout_s
-        if self._push_pending and time.monotonic() - self._push_announced > timeout_s:
-            self._push_not_taken(self.version, self._push_attempt, f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s",
-                                 self._push_pending)
+        now = time.monotonic()
+        late = {engine for engine, since in self._push_pending.items() if now - since > timeout_s}
+        if late:
+            self._push_not_taken(self.version, self._push_attempt, f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s", late)
 
     def _push_not_taken(self, version: int, attempt: int, what: str, pending: set[int]) -> None:
         who = ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(pending)) or "none known (every engine answered)"
@@ -262,8 +266,8 @@ class Orchestrator:
     def sync_engines(self, version: int, attempt: int = 0) -> None:
         """Tell every engine to receive the push of ``version`` the trainer is sending."""
         self.version, self._push_attempt = version, attempt
-        self._push_pending = set(self.engines)  # until each says it serves it, or refused it
-        self._push_announced = time.monotonic()
+        now = time.monotonic()
+        self._push_pending = {engine: self._push_pending.get(engine, now) for engine in self.engines}  # until each serves it or refuses it
         for engine in self.engines:
             send(self.ctx.world, SyncWeights(version, attempt), engine, Tag.WORK)
 
