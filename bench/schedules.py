@@ -19,15 +19,12 @@ Headline: async speedup over sync (goal >= 1.6x; ratio to max() <= 1.15).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _launch import launch
+
 STEPS = 10
 RUN_TIMEOUT_S = 900  # a run takes ~1 min; the liveness watchdog ends a hung one sooner (tiny_grpo: 120 s)
 WORKLOAD = [
@@ -44,19 +41,8 @@ SCHEDULES = {
 
 
 def run(schedule: str, out: Path) -> list[dict]:
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}",
-           *WORKLOAD, *SCHEDULES[schedule]]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # the launcher kills its whole job on a second signal
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate()
-        raise SystemExit(f"{schedule} run did not finish within {RUN_TIMEOUT_S} s; see {out / schedule}") from None
-    if proc.returncode != 0:
-        raise SystemExit(f"{schedule} run failed:\n{output[-4000:]}")
+    launch("recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}", *WORKLOAD, *SCHEDULES[schedule],
+           what=f"{schedule} run (see {out / schedule})", timeout_s=RUN_TIMEOUT_S)
     return [json.loads(line) for line in (out / schedule / "metrics.jsonl").read_text().splitlines()]
 
 

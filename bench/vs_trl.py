@@ -1,0 +1,219 @@
+"""hetrl's embedded default vs TRL's GRPOTrainer, same workload, side by side: `python bench/vs_trl.py`.
+
+What is compared: the per-step wall time of GRPO on tiny_grpo's workload (16 prompts x 8 samples of
+1-digit sums, up to 24 new tokens, temperature 1, fp32 on this CPU), run by hetrl as a user runs it
+(`launch.py recipe=tiny_grpo`: vLLM engine, Megatron trainer, reward workers, every role its own
+process) and by TRL 1.16's `GRPOTrainer` (one process, HF `generate`), and the held-out reward of
+the two final policies. Why: TRL is what a user would otherwise reach for; hetrl's machinery must
+at least not cost more per step than TRL's single process on the smallest workload, and should win
+where generation dominates.
+
+Kept equal (bench/trl_grpo_step.py maps the resolved recipe to TRL and says what is not mirrored):
+- the initial policy: hetrl's own warm start (tiny_grpo's 32 supervised steps, as tests/conftest.py
+  makes it), exported once as an HF checkpoint with tokenizer and chat template; both RL runs start
+  from it (`model.hf_checkpoint=CKPT warm_start.steps=0`);
+- the prompts: hetrl's training stream (the training side of its held-out split, in stream order),
+  dumped here with hetrl's prompt token ids, which the TRL side checks against its tokenisation;
+- the reward: hetrl's rubric and trainer-side DAPO overlong penalty, called as code in TRL's process;
+- the hyperparameters, read by the TRL side from the same recipe and overrides as the hetrl run.
+TRL lives in a venv of its own, .bench/trl-venv (git-ignored), created on first use and reused.
+
+Reported: the median step time of each (steps after the first, a warm-up; then the median over
+--seeds), hetrl's generate/train split and TRL's generation time beside them, and the held-out
+mean reward (`launch.py eval`, mean@8 over tiny_grpo's 64 held-out tasks) of the initial policy
+and of both final policies. With --large, the same timing (no eval) on a ~44M-parameter model
+(random init, all else equal), where generation weighs more. Headline (last line): TRL median
+step / hetrl median step (goal >= 1.0x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import _launch
+
+ROOT = Path(__file__).resolve().parents[1]
+# bench/math_verify.py would shadow the math_verify package (hetrl's reward code imports it): src/ in its place
+sys.path[:] = [str(ROOT / "src"), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench")]
+
+TRL_VENV = ROOT / ".bench" / "trl-venv"
+# torch first, alone: pip's config here serves the CPU wheel (as install.sh relies on); trl's own
+# requirements would otherwise be free to pull another build. math-verify, pydantic and pyyaml are
+# hetrl's reward and config code, which the TRL side imports; pinned to the project venv's versions.
+TRL_REQUIREMENTS = (["torch==2.13.0"], ["trl==1.16.0", "transformers==5.19.0", "math-verify==0.9.0", "pydantic==2.14.4", "pyyaml==6.0.4"])
+RUN_TIMEOUT_S = 900
+run = partial(_launch.run, timeout_s=RUN_TIMEOUT_S)
+launch = partial(_launch.launch, timeout_s=RUN_TIMEOUT_S)
+# tests/conftest.py's WARM_START: tiny_grpo's warm start, then the smallest RL step there is at a
+# learning rate that leaves the warm-started weights as they are (run.steps cannot be 0).
+WARM_START = ["run.name=warm_start", "run.steps=1", "run.prompts_per_step=1", "algorithm.group_size=2", "trainer.lr=1e-12",
+              "eval.num_tasks=1", "eval.k=1", "monitor.rollout_store.enabled=false"]
+# ~44M parameters with tiny_llama's 128-token vocabulary: 8 x (0.79M attention + 4.72M MLP) + 0.13M.
+MODEL_44M = ["model.hidden_size=512", "model.num_layers=8", "model.num_attention_heads=8", "model.num_query_groups=4",
+             "model.ffn_hidden_size=3072"]
+# Timing only: the loop's own evals kept small, and (as in bench/schedules.py) a learning rate at which
+# the compute is real but the policy does not move. At 5e-4 the overlong penalty taught the random
+# init to stop after ~3 tokens within one step, and the rest of the run generated next to nothing.
+LARGE_TIMING = ["eval.num_tasks=8", "eval.k=1", "trainer.lr=1e-12"]
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def trl_python() -> Path:
+    """The TRL venv's interpreter, creating the venv on first use."""
+    python, stamp = TRL_VENV / "bin" / "python", TRL_VENV / ".installed"
+    wanted = json.dumps(TRL_REQUIREMENTS)
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    print(f"vs_trl: creating the TRL venv at {TRL_VENV} ({', '.join(sum(TRL_REQUIREMENTS, []))}; a few minutes)", flush=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(TRL_VENV)], check=True, capture_output=True, text=True)
+        for group in TRL_REQUIREMENTS:
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *group], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"vs_trl: FAILED to create the TRL venv at {TRL_VENV}: {' '.join(err.cmd)} exited {err.returncode}:\n"
+                         f"{(err.stdout + err.stderr)[-3000:]}") from None
+    stamp.write_text(wanted)
+    return python
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+def initial_checkpoint(out: Path) -> Path:
+    """tiny_grpo's warm-started policy as an HF dir (tokenizer and chat template included)."""
+    launch("recipe=tiny_grpo", f"run.output_dir={out}", *WARM_START, what="hetrl's warm start")
+    checkpoint = out / "initial_hf"
+    launch("export", str(out / "warm_start"), f"out={checkpoint}", what="the export of the warm-started policy")
+    return checkpoint
+
+
+def dump_training_prompts(overrides: list[str], checkpoint: Path, path: Path) -> None:
+    """The prompts hetrl trains on under ``overrides``, in its order: the orchestrator's stream over the
+    training side of the held-out split, each prompt rendered by the math env and hetrl's chat codec."""
+    from transformers import AutoTokenizer
+
+    from hetrl.config.loader import load_config
+    from hetrl.env.chat import ChatCodec
+    from hetrl.env.registry import build_env, build_held_out_split
+    from hetrl.env.tasks.base import TaskStream
+
+    cfg = load_config("tiny_grpo", overrides)
+    split = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks)
+    stream = TaskStream(split.training, seed=cfg.run.seed)
+    codec, env = ChatCodec(AutoTokenizer.from_pretrained(checkpoint)), build_env(cfg.env)
+    with path.open("w") as f:
+        for task, seed in stream.take(cfg.run.steps * cfg.run.prompts_per_step):
+            messages = asyncio.run(env.reset(task, seed))
+            f.write(json.dumps({"prompt": messages, "prompt_ids": codec.prompt_ids(messages), "answer": task.answer}) + "\n")
+
+
+def run_hetrl(overrides: list[str], out: Path, name: str) -> tuple[Path, list[dict]]:
+    """hetrl's run directory and its per-step metrics."""
+    launch("recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={name}", *overrides, what=f"hetrl run {name}")
+    run_dir = out / name
+    return run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_trl(python: Path, checkpoint: Path, overrides: list[str], out: Path) -> tuple[Path, dict]:
+    """TRL's final model dir and its timings (bench/trl_grpo_step.py in the TRL venv, on every core)."""
+    tasks = out / "tasks.jsonl"
+    out.mkdir(parents=True)
+    dump_training_prompts(overrides, checkpoint, tasks)
+    run([str(python), str(ROOT / "bench" / "trl_grpo_step.py"), str(checkpoint), str(tasks), str(out), *overrides],
+        f"TRL run {out.name}", env={"OMP_NUM_THREADS": str(os.cpu_count())})
+    return out / "model", json.loads((out / "timings.json").read_text())
+
+
+def held_out_reward(checkpoint: Path, overrides: list[str], out: Path) -> float:
+    """``launch.py eval``'s mean reward of ``checkpoint`` on the held-out tasks of the run ``overrides`` describe."""
+    launch("eval", "recipe=tiny_grpo", f"checkpoint={checkpoint}", *overrides, "--out", str(out), what=f"eval of {checkpoint}")
+    return json.loads(out.read_text())["mean_reward"]
+
+
+# --------------------------------------------------------------------------- one configuration
+
+
+def after_warm_up(values: list[float]) -> float:
+    return statistics.median(values[1:])
+
+
+def side(steps: list[float], generate: list[float], lengths: list[float], rewards: list[float]) -> dict:
+    """One side's medians after the warm-up step, its training reward by step, and the load it ran under."""
+    return {"step": after_warm_up(steps), "generate": after_warm_up(generate), "length": after_warm_up(lengths),
+            "rewards": rewards, "load": os.getloadavg()[0]}
+
+
+def time_both(python: Path, checkpoint: Path | None, overrides: list[str], out: Path, seed: int) -> dict:
+    """One seed of both sides on one configuration. With no ``checkpoint``, hetrl starts from a random
+    init and TRL from that same init (the hetrl run's initial_model)."""
+    overrides = [*overrides, *([f"model.hf_checkpoint={checkpoint}"] if checkpoint else []), "warm_start.steps=0", f"run.seed={seed}"]
+    run_dir, metrics = run_hetrl(overrides, out, f"hetrl_s{seed}")
+    steps = [m for m in metrics if "time/step" in m]
+    hetrl = side(*([m[key] for m in steps] for key in ("time/step", "time/generate", "response_length/mean", "reward/mean")))
+    trl_model, trl = run_trl(python, checkpoint or run_dir / "initial_model", overrides, out / f"trl_s{seed}")
+    return {"seed": seed, "overrides": overrides, "run_dir": run_dir, "trl_model": trl_model, "hetrl": hetrl,
+            "TRL": side(trl["step_s"], trl["generate_s"], trl["response_length"], trl["reward"])}
+
+
+def report_timing(label: str, results: list[dict]) -> float:
+    """Print both sides' medians over seeds and each run's training reward by step; return TRL / hetrl step time."""
+    step = {}
+    for name in ("hetrl", "TRL"):
+        median = {key: statistics.median(r[name][key] for r in results) for key in ("step", "generate", "length")}
+        step[name] = median["step"]
+        loads = " ".join(f"{r[name]['load']:.1f}" for r in results)
+        print(f"{label} {name:>5}: {median['step']:.2f} s/step (generate {median['generate']:.2f} s, the rest "
+              f"{median['step'] - median['generate']:.2f} s; {median['length']:.1f} tokens a response; "
+              f"load {loads} after its runs)")
+    for r in results:
+        for name in ("hetrl", "TRL"):
+            print(f"{label} training reward by step, seed {r['seed']}, {name:>5}: {' '.join(f'{x:.2f}' for x in r[name]['rewards'])}")
+    return step["TRL"] / step["hetrl"]
+
+
+def report_eval(results: list[dict], checkpoint: Path, out: Path) -> None:
+    """Held-out mean reward of the initial policy and of both final ones (medians over seeds)."""
+    scores: dict[str, list[float]] = {"initial": [], "hetrl": [], "TRL": []}
+    for r in results:
+        for name, path in (("initial", checkpoint), ("hetrl", r["run_dir"] / "checkpoints"), ("TRL", r["trl_model"])):
+            scores[name].append(held_out_reward(path, r["overrides"], out / f"eval_{name}_s{r['seed']}.json"))
+    before = statistics.median(scores["initial"])
+    for name in ("hetrl", "TRL"):
+        print(f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after {statistics.median(scores[name]):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=15, help="RL steps per run on tiny_grpo (the first is a warm-up)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each side (run.seed 0, 1, ...); medians over them")
+    parser.add_argument("--large", action="store_true", help="also time the ~44M-parameter model (no eval)")
+    parser.add_argument("--large-steps", type=int, default=4, help="RL steps per run on the ~44M model")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="hetrl-bench-vs-trl-"))
+    print(f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    python = trl_python()
+
+    checkpoint = initial_checkpoint(out)
+    small = [time_both(python, checkpoint, [f"run.steps={args.steps}"], out / "tiny", seed) for seed in range(args.seeds)]
+    ratio = report_timing("tiny_grpo", small)
+    report_eval(small, checkpoint, out)
+    if args.large:
+        large = [time_both(python, None, [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING], out / "44m", seed)
+                 for seed in range(args.seeds)]
+        print(f"vs_trl_44m: {report_timing('44M', large):.2f}x (goal >= 2x)")
+    print(f"vs_trl: {ratio:.2f}x (goal >= 1.0x)")
+
+
+if __name__ == "__main__":
+    main()
