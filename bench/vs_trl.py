@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from functools import partial
@@ -51,6 +50,7 @@ TRL_VENV = ROOT / ".bench" / "trl-venv"
 # hetrl's reward and config code, which the TRL side imports; pinned to the project venv's versions.
 TRL_REQUIREMENTS = (["torch==2.13.0"], ["trl==1.16.0", "transformers==5.19.0", "math-verify==0.9.0", "pydantic==2.14.4", "pyyaml==6.0.4"])
 RUN_TIMEOUT_S = 900
+INSTALL_TIMEOUT_S = 1800  # each pip install of the TRL venv (torch's wheel is large)
 run = partial(_launch.run, timeout_s=RUN_TIMEOUT_S)
 launch = partial(_launch.launch, timeout_s=RUN_TIMEOUT_S)
 # tests/conftest.py's WARM_START: tiny_grpo's warm start, then the smallest RL step there is at a
@@ -76,13 +76,10 @@ def trl_python() -> Path:
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
     print(f"vs_trl: creating the TRL venv at {TRL_VENV} ({', '.join(sum(TRL_REQUIREMENTS, []))}; a few minutes)", flush=True)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(TRL_VENV)], check=True, capture_output=True, text=True)
-        for group in TRL_REQUIREMENTS:
-            subprocess.run([str(python), "-m", "pip", "install", "-q", *group], check=True, capture_output=True, text=True)
-    except subprocess.CalledProcessError as err:
-        raise SystemExit(f"vs_trl: FAILED to create the TRL venv at {TRL_VENV}: {' '.join(err.cmd)} exited {err.returncode}:\n"
-                         f"{(err.stdout + err.stderr)[-3000:]}") from None
+    what = f"vs_trl: creating the TRL venv at {TRL_VENV}"
+    run([sys.executable, "-m", "venv", "--clear", str(TRL_VENV)], what, timeout_s=INSTALL_TIMEOUT_S)
+    for group in TRL_REQUIREMENTS:
+        run([str(python), "-m", "pip", "install", "-q", *group], f"{what}: pip install {' '.join(group)}", timeout_s=INSTALL_TIMEOUT_S)
     stamp.write_text(wanted)
     return python
 
