@@ -129,6 +129,46 @@ def test_importance_sampling_correction(mode, expected_loss, weight_mean, masked
     assert m["is/truncated_frac"].item() == pytest.approx(truncated)
 
 
+def test_icepop_rejected_tokens_get_no_gradient():
+    # ratios pi_old/mu: row 0 0.4 (below 0.5), 3 (above 2), 1; row 1 1.25, 1; row 2 is empty
+    w = torch.tensor([[0.4, 3.0, 1.0], [1.25, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    inputs, logp = _on_policy(rollout_logprobs=LOGP - w.log())
+    algo = _algo("grpo", is_correction="icepop", is_threshold=2.0)
+    assert algo.resolved_is_threshold_low == 0.5
+    loss, m = compute_loss(algo, inputs)
+    # on-policy r = 1, weights [0, 0, 1], [1.25, 1]: -(1 * 1 + (-2) * 1.25 + (-2) * 1) / 5 = 3.5 / 5
+    assert loss.item() == pytest.approx(0.7)
+    assert m["is/masked_frac"].item() == pytest.approx(2 / 5)
+    assert m["is/weight_mean"].item() == pytest.approx(3.25 / 5)
+    assert m["is/truncated_frac"].item() == 0.0
+    loss.backward()
+    # d loss / d logp_t = -A_t w_t / 5 (dr/dlogp = r = 1): exactly 0 on the two rejected tokens
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0, -0.2], [0.5, 0.4, 0.0], [0.0, 0.0, 0.0]]))
+    assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"is_correction": "icepop", "is_level": "sequence"}, "icepop masks single tokens.*is_level='sequence'"),
+        ({"is_correction": "icepop", "is_level": "geometric"}, "is_correction=masked with is_threshold_low"),
+        ({"is_correction": "truncated", "is_threshold_low": 0.5}, "is_threshold_low set, but .*'truncated' has no lower"),
+        ({"is_correction": "masked", "is_threshold_low": 1.0}, "less than 1"),
+        ({"is_correction": "masked", "is_threshold_low": 0.0}, "greater than 0"),
+    ],
+)
+def test_is_config_refusals(kw, match):
+    with pytest.raises(ValueError, match=match):
+        AlgorithmConfig(**kw)
+
+
+def test_is_threshold_low_defaults():
+    assert AlgorithmConfig(is_correction="masked").resolved_is_threshold_low is None
+    assert AlgorithmConfig(is_correction="masked", is_threshold_low=0.3).resolved_is_threshold_low == 0.3
+    assert AlgorithmConfig(is_correction="icepop", is_threshold_low=0.2, is_threshold=5.0).resolved_is_threshold_low == 0.2
+    assert AlgorithmConfig(is_correction="masked", is_level="geometric").is_level == "geometric"
+
+
 def test_ppo_value_loss_is_the_clipped_value_loss():
     returns = torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
     values = torch.zeros(3, 3, requires_grad=True)
@@ -180,11 +220,15 @@ def _random_batch(gen: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("is_kw", [
+    {"is_correction": "truncated", "is_level": "sequence"},
+    {"is_correction": "icepop"},
+    {"is_correction": "masked", "is_level": "geometric", "is_threshold_low": 0.8},
+], ids=["truncated-sequence", "icepop", "masked-geometric"])
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("name", typing.get_args(AlgorithmName))
-def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggregation):
-    algo = AlgorithmConfig(name=name, loss_aggregation=aggregation, kl_coef=0.05, entropy_coef=0.01,
-                           dual_clip=3.0, is_correction="truncated", is_level="sequence")
+def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggregation, is_kw):
+    algo = AlgorithmConfig(name=name, loss_aggregation=aggregation, kl_coef=0.05, entropy_coef=0.01, dual_clip=3.0, **is_kw)
     batch = _random_batch(torch.Generator().manual_seed(1))
     gen = torch.Generator().manual_seed(3)
     value_fields = {key: torch.randn(6, 7, generator=gen) for key in ("values", "old_values", "returns")}

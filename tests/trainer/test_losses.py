@@ -203,6 +203,80 @@ def test_importance_weights_are_constants_and_errors():
         losses.importance_weights(old, old, torch.ones(1, 2), "clip", "token", 2.0)
 
 
+# IcePop on 2x3: row 0 ratios 0.4, 1.5, 6; row 1 ratios 3, 0.8 and a padding slot with junk (ratio 50)
+_ICEPOP_RATIOS = torch.tensor([[0.4, 1.5, 6.0], [3.0, 0.8, 50.0]])
+_ICEPOP_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("threshold", "weights", "rejected"),
+    [
+        # the paper's [0.5, 5]: 0.4 falls below, 6 above; 1.5, 3 and 0.8 keep their ratio as weight
+        (5.0, [[0.0, 1.5, 0.0], [3.0, 0.8, 0.0]], [(0, 0), (0, 2)]),
+        # is_threshold's default upper bound 2 rejects the 3 as well
+        (2.0, [[0.0, 1.5, 0.0], [0.0, 0.8, 0.0]], [(0, 0), (0, 2), (1, 0)]),
+    ],
+)
+def test_icepop_weights_by_hand(threshold, weights, rejected):
+    rollout = torch.tensor([[-1.0, -2.0, -0.3], [-0.7, -1.1, -0.2]])
+    old = rollout + _ICEPOP_RATIOS.log()
+    w, rej, trunc = losses.importance_weights(old, rollout, _ICEPOP_MASK, "icepop", "token", threshold, threshold_low=0.5)
+    torch.testing.assert_close(w, torch.tensor(weights))
+    assert sorted(map(tuple, rej.nonzero().tolist())) == rejected  # padding is never counted as rejected
+    assert not trunc.any()
+    # masked IS at token level with the same lower bound is the same mask
+    w_masked, rej_masked, _ = losses.importance_weights(old, rollout, _ICEPOP_MASK, "masked", "token", threshold, 0.5)
+    torch.testing.assert_close(w_masked, w)
+    assert torch.equal(rej_masked, rej)
+
+
+# Geometric level, 3x3: row 0 ratios 2, 4, 8 (product 64, geometric mean 64^(1/3) = 4); row 1 ratios
+# 0.1, 0.9 and padding (product 0.09, geometric mean sqrt(0.09) = 0.3); row 2 ratios 4, 0.25, 1
+# (product 1, geometric mean 1: token level would cap or reject two of its tokens, this level none).
+_GEO_RATIOS = torch.tensor([[2.0, 4.0, 8.0], [0.1, 0.9, 50.0], [4.0, 0.25, 1.0]])
+_GEO_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+_ROW0, _ROW1 = [(0, 0), (0, 1), (0, 2)], [(1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "low", "weights", "rejected", "truncated"),
+    [
+        ("truncated", None, [[2.0, 2.0, 2.0], [0.3, 0.3, 0.0], [1.0, 1.0, 1.0]], [], _ROW0),
+        ("masked", None, [[0.0, 0.0, 0.0], [0.3, 0.3, 0.0], [1.0, 1.0, 1.0]], _ROW0, []),
+        # two-sided: row 1's 0.3 < 0.5 is rejected too
+        ("masked", 0.5, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], _ROW0 + _ROW1, []),
+    ],
+)
+def test_geometric_level_by_hand(mode, low, weights, rejected, truncated):
+    rollout = torch.tensor([[-1.0, -2.0, -0.3], [-0.7, -1.1, -0.2], [-0.5, -0.4, -3.0]])
+    old = rollout + _GEO_RATIOS.log()
+    w, rej, trunc = losses.importance_weights(old, rollout, _GEO_MASK, mode, "geometric", 2.0, low)
+    torch.testing.assert_close(w, torch.tensor(weights))
+    assert sorted(map(tuple, rej.nonzero().tolist())) == rejected
+    assert sorted(map(tuple, trunc.nonzero().tolist())) == truncated
+
+
+def test_geometric_level_keeps_a_long_response_that_sequence_level_rejects():
+    # 10 tokens, each ratio 1.1: product 1.1^10 = 2.594 > 2 is rejected whole; geometric mean 1.1 is kept
+    old, rollout, mask = torch.full((1, 10), math.log(1.1)), torch.zeros(1, 10), torch.ones(1, 10)
+    w_seq, _, _ = losses.importance_weights(old, rollout, mask, "masked", "sequence", 2.0)
+    w_geo, _, _ = losses.importance_weights(old, rollout, mask, "masked", "geometric", 2.0)
+    torch.testing.assert_close(w_seq, torch.zeros(1, 10))
+    torch.testing.assert_close(w_geo, torch.full((1, 10), 1.1))
+
+
+def test_icepop_and_lower_bound_errors():
+    old = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="token-level"):
+        losses.importance_weights(old, old, torch.ones(1, 2), "icepop", "sequence", 5.0, 0.5)
+    with pytest.raises(ValueError, match="threshold_low"):
+        losses.importance_weights(old, old, torch.ones(1, 2), "icepop", "token", 5.0)
+    with pytest.raises(ValueError, match="lower threshold"):
+        losses.importance_weights(old, old, torch.ones(1, 2), "masked", "token", 2.0, 1.0)
+    with pytest.raises(ValueError, match="no lower bound"):
+        losses.importance_weights(old, old, torch.ones(1, 2), "truncated", "token", 2.0, 0.5)
+
+
 def test_clipped_value_loss_by_hand():
     # eps_v = 0.2, V_old = 0.5 everywhere:
     #   V=1,   R=2:  clipped V 0.7: max(1, 1.69)/2 = 0.845  (clipped branch, grad 0)

@@ -15,6 +15,9 @@ from hetrl.config.base import Section
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AdvantageEstimator = Literal["grpo", "grpo_no_std", "rloo", "reinforce_pp", "gae"]
+# IcePop's lower bound alpha (Ling team 2025): a token the engine finds twice as likely as the
+# trainer does is dropped. The paper's upper bound, 5, is looser than is_threshold's default 2.
+_ICEPOP_THRESHOLD_LOW = 0.5
 
 
 class AlgorithmConfig(Section):
@@ -40,11 +43,26 @@ class AlgorithmConfig(Section):
     kl_in_reward: bool = Field(False, description="Fold the KL penalty into the reward (per token, -kl_coef x KL of the "
                                "policy the step starts from to the reference, computed on the trainer) instead of adding it to the loss.")
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus weight.")
-    is_correction: Literal["none", "truncated", "masked"] = Field(
-        "truncated", description="Importance-sampling correction of the train/inference mismatch (engine vs trainer log-probs)."
+    is_correction: Literal["none", "truncated", "masked", "icepop"] = Field(
+        "truncated",
+        description="Importance-sampling correction of the train/inference mismatch, w = pi_trainer/pi_engine: truncated "
+                    "min(w, is_threshold) (TIS); masked w, or 0 where w > is_threshold or w < is_threshold_low (MIS); icepop "
+                    "the same two-sided mask per token, is_threshold_low defaulting to 0.5 (IcePop; the paper uses 0.5 / 5).",
     )
-    is_level: Literal["token", "sequence"] = Field("token", description="Whether the IS weight is per token or per sequence.")
-    is_threshold: float = Field(2.0, gt=1.0, description="Truncation cap (truncated IS) or rejection bound (masked IS) of the IS weight.")
+    is_level: Literal["token", "sequence", "geometric"] = Field(
+        "token",
+        description="What w is a ratio of: token, each token's; sequence, the response's (product of its token ratios); "
+                    "geometric, their per-token geometric mean over the response (length-normalised, so long responses "
+                    "are not rejected for their length). icepop is token-level only.",
+    )
+    is_threshold: float = Field(
+        2.0, gt=1.0, description="Truncation cap (truncated) or upper rejection bound (masked, icepop) of the IS weight."
+    )
+    is_threshold_low: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="Lower rejection bound of the IS weight (masked, icepop): w below it is rejected too; null -> none for "
+                    "masked, 0.5 for icepop.",
+    )
     dynamic_sampling: bool | None = Field(
         None, description="DAPO dynamic sampling: drop groups whose rewards are all equal and refill; null -> on for dapo only."
     )
@@ -68,7 +86,20 @@ class AlgorithmConfig(Section):
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true folds kl_coef x KL into the reward, but algorithm.kl_coef=0 leaves nothing to fold "
                              "(and no reference model): set algorithm.kl_coef > 0, or kl_in_reward=false")
+        if self.is_correction == "icepop" and self.is_level != "token":
+            raise ValueError(f"algorithm.is_correction=icepop masks single tokens, but algorithm.is_level={self.is_level!r}: use "
+                             "is_level=token, or is_correction=masked with is_threshold_low for a two-sided sequence-level mask")
+        if self.is_threshold_low is not None and self.is_correction not in ("masked", "icepop"):
+            raise ValueError(f"algorithm.is_threshold_low set, but algorithm.is_correction={self.is_correction!r} has no lower "
+                             "bound (only masked and icepop read it): remove it")
         return self
+
+    @property
+    def resolved_is_threshold_low(self) -> float | None:
+        """The lower IS rejection bound after applying the correction's default (icepop: 0.5; else none)."""
+        if self.is_threshold_low is not None or self.is_correction != "icepop":
+            return self.is_threshold_low
+        return _ICEPOP_THRESHOLD_LOW
 
     @property
     def resolved_advantage(self) -> AdvantageEstimator:

@@ -17,7 +17,8 @@ ppo's value model is a model of its own (``hetrl.trainer.critic``) with its own 
 loss, :func:`compute_value_loss`, never mixes with the policy's.
 
 Every algorithm also takes the optional pieces its config turns on: the train/inference
-importance-sampling correction (``is_correction``), a KL penalty to the reference policy (in the
+importance-sampling correction (``is_correction``: truncated, masked or IcePop, per token, sequence
+or geometric mean; see ``losses.importance_weights``), a KL penalty to the reference policy (in the
 loss, or folded into the reward by :func:`shape_rewards`), an entropy bonus and dual clip.
 DAPO's dynamic sampling belongs to the rollout loop (``advantages.informative_groups``).
 
@@ -47,7 +48,7 @@ from hetrl.trainer import losses
 # Metrics of the loss that hetrl.monitor.names does not list (yet); the others use its constants.
 # (The engine/trainer mismatch itself is measured from the samples by hetrl.monitor.mismatch.)
 IS_WEIGHT_MEAN = "is/weight_mean"  # mean IS correction weight over policy tokens (0 for rejected ones)
-IS_MASKED_FRAC = "is/masked_frac"  # fraction of policy tokens rejected by masked IS
+IS_MASKED_FRAC = "is/masked_frac"  # fraction of policy tokens rejected by masked IS or IcePop (either bound)
 IS_TRUNCATED_FRAC = "is/truncated_frac"  # fraction of policy tokens whose IS weight was capped
 VALUE_CLIP_FRAC = "value/clip_frac"  # fraction of tokens where the clipped value branch is active (ppo)
 CLIP_FRAC_DUAL = "clip_frac/dual"  # fraction of policy tokens bounded by dual clip (A < 0, r > c)
@@ -89,7 +90,8 @@ def _is_weights(
         warnings.warn(f"algorithm.is_correction={algo.is_correction!r} is ignored: no rollout_logprobs were given", stacklevel=3)
         return None
     weights, rejected, truncated = losses.importance_weights(
-        inputs.old_logprobs, inputs.rollout_logprobs, inputs.mask, algo.is_correction, algo.is_level, algo.is_threshold
+        inputs.old_logprobs, inputs.rollout_logprobs, inputs.mask, algo.is_correction, algo.is_level, algo.is_threshold,
+        algo.resolved_is_threshold_low,
     )
     metrics[IS_WEIGHT_MEAN] = token_mean(weights)
     metrics[IS_MASKED_FRAC] = token_mean(rejected.float())

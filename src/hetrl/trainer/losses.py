@@ -23,8 +23,8 @@ from torch import Tensor
 from hetrl.config.algorithm import LossAggregation
 
 KLEstimator = Literal["k1", "k2", "k3"]
-ISMode = Literal["none", "truncated", "masked"]
-ISLevel = Literal["token", "sequence"]
+ISMode = Literal["none", "truncated", "masked", "icepop"]
+ISLevel = Literal["token", "sequence", "geometric"]
 
 # exp() of a log-ratio beyond +-20 (a factor ~5e8) only ever means a broken sample; clamping keeps
 # the ratio finite so that one such token cannot turn the whole loss into inf/NaN.
@@ -225,44 +225,70 @@ def importance_weights(
     mode: ISMode,
     level: ISLevel,
     threshold: float,
+    threshold_low: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Stop-gradient weights correcting the trainer/inference-engine mismatch.
 
     The engine samples from ``mu`` (its own kernels, precision, maybe stale weights) while the
-    trainer computes ``pi_old``; the policy gradient needs ``w = pi_old / mu``. Token level:
-    ``w_t = exp(logp_old_t - logp_mu_t)``; sequence level: ``w_i = exp(sum_t m_t (logp_old_t -
-    logp_mu_t))`` broadcast over the sequence's tokens.
+    trainer computes ``pi_old``; the policy gradient needs ``w = pi_old / mu``. With ``d_t = m_t
+    (logp_old_t - logp_mu_t)`` and ``|y_i| = sum_t m_t``, by ``level``:
+
+    - ``token``: ``w_t = exp(d_t)``.
+    - ``sequence``: ``w_i = exp(sum_t d_t)``, the likelihood ratio of the whole response, broadcast
+      over its tokens. Exact, but it is a product of ``|y_i|`` token ratios: a long response drifts
+      far from 1 even when every token agrees closely.
+    - ``geometric``: ``w_i = exp(sum_t d_t / |y_i|)``, the per-token geometric mean of the
+      ratios (verl's geometric rejection sampling), broadcast likewise; it does not grow with
+      length, so one bound suits short and long responses alike.
+
+    and by ``mode``, with ``C = threshold`` (> 1) and ``c = threshold_low`` (in (0, 1)):
 
     - ``truncated`` (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
       Off-Policy RL Training", flash-rl): ``min(w, C)``; bounded variance, small bias.
-    - ``masked`` (MIS; Liu, Yao et al. 2025, "When Speed Kills Stability"): ``w * 1[w <= C]``;
-      tokens or whole sequences whose mismatch is too large are rejected (weight 0) rather than
-      trusted at the cap. Rejected tokens stay in the loss normaliser (they are not re-counted).
+    - ``masked`` (MIS; Liu, Yao et al. 2025, "When Speed Kills Stability"): ``w * 1[w <= C]``,
+      and ``w * 1[c <= w <= C]`` when ``c`` is given; tokens or whole sequences whose mismatch is
+      too large are rejected (weight 0) rather than trusted at the cap.
+    - ``icepop`` (Ling team 2025, "Small Leak Can Sink a Great Ship: Boost RL Training on MoE
+      with IcePop"): the token-level two-sided mask ``M(w_t) = w_t * 1[c <= w_t <= C]``; the paper
+      uses ``c = 0.5``, ``C = 5``. It equals ``masked`` at ``token`` level with ``c`` given, and
+      needs both: ``c`` is required and any other level is refused.
     - ``none``: weight 1.
 
-    Returns ``(weights, rejected, truncated)``: weights ``[B, T]`` (0 on padding) and boolean masks
-    of the policy tokens rejected (masked mode) and capped (truncated mode).
+    Rejected tokens stay in the loss normaliser (they are not re-counted), so a rejection removes
+    the token's gradient and nothing else. Returns ``(weights, rejected, truncated)``: weights
+    ``[B, T]`` (0 on padding) and boolean masks of the policy tokens rejected (masked, icepop; on
+    either side) and capped (truncated).
     """
     _check_same_shape(old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs, mask=mask)
     if threshold <= 1.0:
         raise ValueError(f"IS threshold must be > 1, got {threshold}")
+    if threshold_low is not None and not 0.0 < threshold_low < 1.0:
+        raise ValueError(f"IS lower threshold must be in (0, 1), got {threshold_low}")
+    if level not in ("token", "sequence", "geometric"):
+        raise ValueError(f"unknown IS level {level!r}; valid: token, sequence, geometric")
     mask = mask.to(old_logprobs.dtype)
     valid = mask > 0
     none = torch.zeros_like(valid)
     if mode == "none":
         return mask.clone(), none, none
+    if mode == "icepop" and (level != "token" or threshold_low is None):
+        raise ValueError(f"IcePop is a token-level two-sided mask: it needs level 'token' (got {level!r}) and a threshold_low "
+                         f"(got {threshold_low}); for a two-sided sequence mask use mode 'masked' with threshold_low")
+    if mode == "truncated" and threshold_low is not None:
+        raise ValueError("truncated IS has no lower bound: threshold_low applies to 'masked' and 'icepop' only")
     log_w = ((old_logprobs - rollout_logprobs) * mask).detach()
     if level == "sequence":
         log_w = log_w.sum(-1, keepdim=True).expand_as(mask)
-    elif level != "token":
-        raise ValueError(f"unknown IS level {level!r}; valid: token, sequence")
+    elif level == "geometric":
+        log_w = (log_w.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(mask)
     log_cap = math.log(threshold)
     over = (log_w > log_cap) & valid
     if mode == "truncated":
         return _safe_exp(log_w.clamp(max=log_cap)) * mask, none, over
-    if mode == "masked":
-        return torch.where(over, 0.0, _safe_exp(log_w)) * mask, over, none
-    raise ValueError(f"unknown IS correction {mode!r}; valid: none, truncated, masked")
+    if mode in ("masked", "icepop"):
+        rejected = over if threshold_low is None else over | ((log_w < math.log(threshold_low)) & valid)
+        return torch.where(rejected, 0.0, _safe_exp(log_w)) * mask, rejected, none
+    raise ValueError(f"unknown IS correction {mode!r}; valid: none, truncated, masked, icepop")
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:
