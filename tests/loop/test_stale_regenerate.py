@@ -64,6 +64,7 @@ def _orchestrator(monkeypatch, stale_policy: str, version: int) -> tuple[Orchest
     orch.groups, orch.results, orch.ready, orch.purpose_of = defaultdict(list), defaultdict(list), [], {}
     orch.regenerated, orch._next_group, orch._train_groups_open = 0, 0, 0
     orch._open_tasks, orch._resumed, orch._reward_s = {}, [], defaultdict(float)
+    orch.adaptive_bound = None  # a fixed bound
     return orch, sent
 
 

@@ -18,21 +18,62 @@ class RunConfig(Section):
     threads_per_process: int | None = Field(None, ge=1, description="torch/OMP threads per role process; null = cores / local processes.")
 
 
+# The metrics an adaptive staleness bound can hold under its target (docs/metrics.md): the
+# behaviour/trainer log-prob mismatch, or the share of tokens whose IS weight it pushed past
+# algorithm.is_threshold. All three grow with the policy lag of the trained samples.
+AdaptiveStalenessMetric = Literal["mismatch/k3_kl", "is/truncated_frac", "is/masked_frac"]
+
+
+class AdaptiveStalenessConfig(Section):
+    enabled: bool = Field(
+        False, description="async: let the staleness bound float between min_staleness and schedule.max_staleness "
+        "so that `metric` stays under `target` (the control rule: docs/architecture.md, Schedules and the staleness "
+        "bound).")
+    metric: AdaptiveStalenessMetric = Field(
+        "mismatch/k3_kl", description="The measured mismatch held under the target, read after each RL step: "
+        "mismatch/k3_kl (any run), is/truncated_frac (algorithm.is_correction=truncated) or is/masked_frac "
+        "(is_correction=masked or icepop).")
+    # ~10x the bf16 engine/trainer floor of mismatch/k3_kl (docs/metrics.md), a fifth of the
+    # mismatch-spike guard's default ceiling.
+    target: float = Field(
+        0.01, gt=0.0, description="The metric's ceiling: a step above it halves the bound (down to min_staleness).")
+    min_staleness: int = Field(
+        1, ge=0, description="The floor of the bound (0 = no overlap of generation and training, as sync).")
+    grow_below: float = Field(
+        0.5, gt=0.0, le=1.0, description="Hysteresis: the bound grows by one only after `patience` steps in a row "
+        "with the metric at most grow_below x target.")
+    patience: int = Field(
+        3, ge=1, description="Consecutive calm steps (metric <= grow_below x target) before the bound grows by one.")
+
+
 class ScheduleConfig(Section):
     type: Literal["sync", "one_step_off", "async"] = Field(
         "sync", description="sync: on-policy; one_step_off: generate step k+1 while training step k; async: bounded staleness."
     )
-    max_staleness: int = Field(1, ge=0, description="async: no sample older than this many policy versions is trained on.")
+    max_staleness: int = Field(
+        1, ge=0, description="async: no sample older than this many policy versions is trained on (the ceiling of "
+        "the bound with adaptive_staleness).")
     stale_policy: Literal["drop", "regenerate"] = Field(
         "drop", description="A group older than the staleness bound (max_staleness; 0 for sync, where a refused weight "
         "push can make one stale): drop it and draw a new task (drop), or generate it again by the current policy under "
         "the same sample ids, task and seeds (regenerate). Either is counted (staleness/dropped, staleness/regenerated)."
     )
+    adaptive_staleness: AdaptiveStalenessConfig = Field(
+        default_factory=AdaptiveStalenessConfig, description="async: a staleness bound driven by a measured mismatch.")
 
     @model_validator(mode="after")
     def _check(self) -> "ScheduleConfig":
         if self.type == "one_step_off" and self.max_staleness < 1:
             raise ValueError("schedule.type=one_step_off trains on samples one version old: schedule.max_staleness must be >= 1")
+        adaptive = self.adaptive_staleness
+        if adaptive.enabled and self.type != "async":
+            raise ValueError(f"schedule.adaptive_staleness.enabled=true needs schedule.type=async (got {self.type!r}): "
+                             "only async has a bound to float; set schedule.type=async or "
+                             "adaptive_staleness.enabled=false")
+        if adaptive.enabled and adaptive.min_staleness >= self.max_staleness:
+            raise ValueError(f"schedule.adaptive_staleness.min_staleness={adaptive.min_staleness} leaves the bound no "
+                             f"room below its ceiling schedule.max_staleness={self.max_staleness}: use min_staleness < "
+                             "max_staleness")
         return self
 
 

@@ -108,10 +108,8 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     """One RL step of the recipe's schedule: collect a batch (topping up generation), train, log."""
     from hetrl.monitor.metrics import staleness_metrics
 
-    schedule = cfg.schedule
-    max_lag = 0 if schedule.type == "sync" else schedule.max_staleness
-    look_ahead = {"sync": 0, "one_step_off": 1, "async": schedule.max_staleness}[schedule.type]
-    target = cfg.run.prompts_per_step * (1 + look_ahead)
+    max_lag = orch.staleness_bound()  # fixed, or where the adaptive bound stands after the previous step
+    target = orch.dispatch_target(max_lag)
     t0 = time.time()
     with monitor.timer(step, "generate"), timeline.span("collect batch"):
         # Groups left over from the last step are generating already; with a look-ahead they go on
@@ -123,15 +121,16 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     generated = sum(sum(s.loss_mask) for s in samples)
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
-    monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale),
+    monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale), names.STALENESS_BOUND: float(max_lag),
                        names.STALENESS_REGENERATED: float(orch.take_regenerated()),
                        names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
                        names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes())})
     with monitor.timer(step, "train"), timeline.span("train"):
         done = orch.train(step, batch)
     monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
-    monitor.record_rollouts(step, samples, trainer_logprobs=done.trainer_logprobs)
+    measured = monitor.record_rollouts(step, samples, trainer_logprobs=done.trainer_logprobs)
     monitor.log(step, done.metrics)
+    orch.observe_step({**measured, **done.metrics})  # the adaptive staleness bound of the next step
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
         monitor.log(step, orch.evaluate(held_out)[1])
     monitor.end_step(step)

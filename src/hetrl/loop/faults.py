@@ -16,6 +16,9 @@
   desync_weights@n trainer: right after its n-th weight push the trainer's weights get Gaussian
                    noise (std DESYNC_STD) the engines never receive, so the next batch's trainer and
                    engine log-probs disagree; the mismatch-spike guard must fire
+  drift_weights@n  trainer: the same noise after each of its pushes n to n + DRIFT_PUSHES - 1, so the
+                   mismatch stays high for a few steps and then falls back; an adaptive staleness
+                   bound (schedule.adaptive_staleness) must fall to its floor, then grow again
 
 Roles that take no fault list from the worker entry point read the same variable with
 :func:`from_env`.
@@ -27,10 +30,12 @@ import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "reward_drop", "nan_loss", "desync_weights")
+KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "reward_drop", "nan_loss", "desync_weights",
+         "drift_weights")
 FAULT_ENV = "HETRL_INJECT_FAULT"
 REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level
 DESYNC_STD = 0.05  # about the scale of the weights of a random-init tiny model: a large, certain mismatch
+DRIFT_PUSHES = 3  # pushes drift_weights lasts: long enough to hold a bound at its floor, short enough to see it recover
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,21 @@ class Onset(Countdown):
     def fire(self) -> bool:
         self.on = self.on or super().fire()
         return self.on
+
+
+class Span(Countdown):
+    """On from the n-th call for ``length`` calls (a fault that starts, lasts a while and goes away)."""
+
+    def __init__(self, faults: list[Fault], role: str, role_rank: int, kind: str, length: int) -> None:
+        super().__init__(faults, role, role_rank, kind)
+        self.on, self.calls_left = False, length
+
+    def fire(self) -> bool:
+        self.on = self.on or super().fire()
+        if not self.on or self.calls_left == 0:
+            return False
+        self.calls_left -= 1
+        return True
 
 
 def from_env() -> list[Fault]:

@@ -9,10 +9,13 @@ newer push is on its way; the engine's samples from its old version meet the sta
 
 The three schedules are one mechanism with a different look-ahead: groups may be dispatched while
 ``in flight + ready + in training < prompts_per_step x (1 + look-ahead)``, with look-ahead 0 for
-``sync`` (generate, then train, strictly alternating), 1 for ``one_step_off`` and
-``max_staleness`` for ``async``. A group is trained only if its oldest token is at most
-``max_staleness`` versions behind the trainer (0 for sync); older groups are dropped or
-regenerated and counted.
+``sync`` (generate, then train, strictly alternating), 1 for ``one_step_off`` and the staleness
+bound for ``async``. A group is trained only if its oldest token is at most the bound's number of
+versions behind the trainer; older groups are dropped or regenerated and counted. The bound is 0
+for sync and ``max_staleness`` otherwise, unless ``schedule.adaptive_staleness`` lets an async
+bound float (hetrl.loop.staleness): the orchestrator then feeds it each RL step's metrics
+(:meth:`Orchestrator.observe_step`) and holds the next step to where it stands, in both its
+look-ahead and its filter, so groups generated under a larger bound meet the stale policy.
 
 With a monitor attached (:meth:`Orchestrator.attach_monitor`), the orchestrator reports the role
 states the console shows: each role is marked busy when given work and idle when it has none left,
@@ -35,6 +38,7 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.loop.batching import require_room
+from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.loop.work import (
     EpisodeItem, PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
     TrainDone, TrainWork, id_order,
@@ -123,6 +127,7 @@ class Orchestrator:
         self._resumed: list[tuple[str, int]] = []  # the checkpoint's in-flight groups (id, cursor), dispatched first
         self._reward_s: dict[str, float] = defaultdict(float)  # training sample id -> its share of scoring time
         self.monitor: Any | None = None
+        self.adaptive_bound = build_adaptive_bound(cfg.schedule)  # None: the schedule's bound is fixed
 
     def attach_monitor(self, monitor: Any) -> None:
         """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and have it redraw the console while waiting."""
@@ -382,6 +387,19 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ the schedule
 
+    def staleness_bound(self) -> int:
+        """The bound the next step's batch is held to: the schedule's, or where its adaptive bound stands."""
+        return fixed_bound(self.cfg.schedule) if self.adaptive_bound is None else self.adaptive_bound.bound
+
+    def dispatch_target(self, bound: int) -> int:
+        """Training groups to keep outstanding under ``bound``: one step's prompts and the look-ahead's."""
+        return self.cfg.run.prompts_per_step * (1 + look_ahead(self.cfg.schedule, bound))
+
+    def observe_step(self, metrics: dict[str, float]) -> None:
+        """An RL step's metrics (the trainer's, the mismatch): the adaptive bound, if any, moves on them."""
+        if self.adaptive_bound is not None:
+            self.adaptive_bound.observe(metrics)
+
     def outstanding_groups(self) -> int:
         """Training groups dispatched and not yet trained on (at engines, at reward workers, ready)."""
         return self._train_groups_open + len(self.ready)
@@ -483,6 +501,7 @@ class Orchestrator:
             logger.info("checkpoint with %d training group(s) in flight: a resume generates them again first", len(in_flight))
         return {"version": self.version, "stream": self.stream.state_dict(), "next_group": self._next_group,
                 "in_flight": in_flight, "dropped_stale": self.ledger.dropped_stale,
+                "adaptive_bound": None if self.adaptive_bound is None else self.adaptive_bound.state_dict(),
                 "regenerated": self.ledger.regenerated, "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -494,6 +513,8 @@ class Orchestrator:
         self.ledger.regenerated = int(state.get("regenerated", 0))  # absent before stale_policy=regenerate existed
         self.ledger.requeued_generation = int(state["requeued_generation"])
         self.ledger.requeued_reward = int(state["requeued_reward"])
+        if self.adaptive_bound is not None and state.get("adaptive_bound"):  # absent before adaptive_staleness existed
+            self.adaptive_bound.load_state_dict(state["adaptive_bound"])
 
     def ledger_report(self) -> dict[str, int]:
         """Counts that account for every training sample id (written into summary.json)."""

@@ -110,17 +110,22 @@ class Monitor:
         for name, value in metrics.items():
             bucket[names.check_name(name)] = float(value)
 
-    def record_rollouts(self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None) -> None:
+    def record_rollouts(
+        self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None
+    ) -> dict[str, float]:
         """Log a step's rollout metrics (+ mismatch when trainer log-probs are given) and store the rollouts.
 
         Call it once per sample batch, when it is consumed by the trainer, so each rollout is
-        stored exactly once and with the trainer's log-probs.
+        stored exactly once and with the trainer's log-probs. Returns the metrics it logged.
         """
-        self.log(step, rollout_metrics(samples))
+        metrics = dict(rollout_metrics(samples))
         if trainer_logprobs is not None:
-            self.log(step, mismatch_metrics([s.logprobs for s in samples], trainer_logprobs, [s.loss_mask for s in samples]))
+            engine_logprobs, masks = [s.logprobs for s in samples], [s.loss_mask for s in samples]
+            metrics.update(mismatch_metrics(engine_logprobs, trainer_logprobs, masks))
+        self.log(step, metrics)
         if self.store is not None:
             self.store.append(step, samples, trainer_logprobs)
+        return metrics
 
     @contextmanager
     def timer(self, step: int, phase: str) -> Iterator[None]:
