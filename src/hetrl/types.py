@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class SamplingParams:
@@ -55,6 +57,9 @@ class GenerationResult:
     versions: list[int]  # weight version that generated each token (partial rollouts mix them)
     finish_reason: str  # "stop" | "length" | "abort" | "rejected"
     error: str | None = None  # why a request was rejected (e.g. prompt longer than the context)
+    # Routing replay (MoE): the experts each token fed to the model was routed to, uint8/uint16
+    # [prompt + response - 1, moe layers, top_k] (the last sampled token was never fed); else None.
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass
@@ -87,6 +92,10 @@ class Sample:
     # Images of a multimodal episode in the order their placeholders appear in the tokens (the
     # trainer needs them to recompute log-probs); empty for text-only episodes.
     images: list[Any] = field(default_factory=list)
+    # Routing replay (MoE): the engine's experts for every token of prompt + completion but the
+    # last, uint8/uint16 [len(prompt_ids) + len(completion_ids) - 1, moe layers, top_k]; else None.
+    # A multi-turn episode carries its last turn's routing, which covers the whole sequence.
+    routed_experts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -94,6 +103,10 @@ class Sample:
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise ValueError(f"sample {self.sample_id}: per-token lists must have {n} entries (completion length), got {bad}")
+        rows = len(self.prompt_ids) + n - 1
+        if self.routed_experts is not None and (self.routed_experts.ndim != 3 or self.routed_experts.shape[0] != rows):
+            raise ValueError(f"sample {self.sample_id}: routed_experts must be [{rows}, layers, top_k] (prompt + completion - 1 "
+                             f"tokens), got {tuple(self.routed_experts.shape)}")
 
     @property
     def min_version(self) -> int:

@@ -38,6 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ("dense_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc needs the job's only engine colocated.*placement=disaggregated"),
         # engines (vLLM refuses a context beyond the checkpoint's; rollout/engine.py core lists)
         ("tiny_grpo", ["rollout.max_model_len=1024"], "rollout.max_model_len=1024 exceeds model.max_position_embeddings=256"),
+        # routing replay (trainer/routing_replay.py)
+        ("tiny_grpo", ["rollout.routing_replay=true"], "routing_replay=true needs an MoE model.*model.arch=llama"),
+        ("tiny_grpo", ["rollout.return_routing=true"], "return_routing=true needs an MoE model"),
+        ("tiny_moe_grpo", ["trainer.pipeline_parallel=2", "trainer.recompute_activations=true"],
+         "recompute_activations=true needs trainer.pipeline_parallel=1"),
         ("tiny_grpo", ["rollout.cpu_threads_bind=0-1|2-3"], r"cpu_threads_bind='0-1\|2-3' names 2 core list\(s\) for rollout.engine_tensor_parallel=1"),
         # algorithm and stages
         ("tiny_grpo", ["algorithm.lam=1.0"], "algorithm.lam set, but only algorithm.name=ppo .* reads them"),

@@ -9,6 +9,12 @@ from pydantic import Field, model_validator
 from hetrl.config.base import Section
 
 
+# Why routing and recomputation under a pipeline do not mix: trainer/routing_replay.py keeps one
+# micro-batch's routing, and a recomputed micro-batch's forward runs after 1F1B loaded later ones'.
+ROUTING_WITH_RECOMPUTE = ("rollout.routing_replay / return_routing with trainer.recompute_activations=true needs "
+                          "trainer.pipeline_parallel=1: a pipeline recomputes a micro-batch after later ones' routing was loaded")
+
+
 class RolloutConfig(Section):
     placement: Literal["colocated", "disaggregated"] = Field(
         "colocated", description="colocated: engines share the trainer's GPUs (sleep/wake); disaggregated: engines on nodes of their own."
@@ -49,6 +55,15 @@ class RolloutConfig(Section):
         None, description="CPU engines: cores vLLM's OpenMP threads bind to, e.g. '0-1', or '0-3|4-7' per TP worker (VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use, split evenly over the TP workers."
     )
     partial_rollout: bool = Field(True, description="Interrupt in-flight requests for weight updates and resume them (async schedules).")
+    routing_replay: bool = Field(
+        False, description="MoE rollout routing replay (R3): engines return the experts each token was routed to and the trainer's "
+        "log-prob and training forwards reuse them, so trainer and engine compute the same sparse network. Turns the engines' "
+        "prefix cache off (cached tokens are not routed again, so they would have no routing)."
+    )
+    return_routing: bool = Field(
+        False, description="MoE: engines return each token's experts and the trainer reports how often its own router disagrees "
+        "(routing/disagree_frac) without replaying them; routing_replay=true implies it."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "RolloutConfig":
@@ -57,6 +72,11 @@ class RolloutConfig(Section):
                              f"for rollout.engine_tensor_parallel={self.engine_tensor_parallel} TP workers: give one list per worker, "
                              "separated by '|' (e.g. '0-3|4-7' for TP 2), or null")
         return self
+
+    @property
+    def captures_routing(self) -> bool:
+        """Whether engines return the experts each token was routed to."""
+        return self.routing_replay or self.return_routing
 
     def weight_sync_bucket_bytes(self, on_gpu: bool) -> int:
         """The weight-sync bucket size in bytes (``weight_sync_bucket_mb``, or its default for the device)."""

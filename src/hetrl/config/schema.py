@@ -16,7 +16,7 @@ from hetrl.config.loop import CheckpointConfig, EvalConfig, RunConfig, ScheduleC
 from hetrl.config.model import ModelConfig
 from hetrl.config.monitor import MonitorConfig
 from hetrl.config.reward import RewardConfig
-from hetrl.config.rollout import RolloutConfig
+from hetrl.config.rollout import ROUTING_WITH_RECOMPUTE, RolloutConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.models.tokenizer import MIN_VOCAB_SIZE
 
@@ -51,6 +51,7 @@ class HetrlConfig(Section):
         _check_engines(self)
         _check_algorithm_and_stages(self)
         _check_batch_and_lengths(self)
+        _check_adaptive_staleness(self)
         return self
 
 
@@ -92,6 +93,11 @@ def _check_model_layout(cfg: HetrlConfig) -> None:
 def _check_engines(cfg: HetrlConfig) -> None:
     """What vLLM and the weight transports refuse at start-up (rollout/engine.py, transport/weights/factory.py)."""
     r, m = cfg.rollout, cfg.model
+    if r.captures_routing and not m.is_moe:
+        key = "routing_replay" if r.routing_replay else "return_routing"
+        raise ValueError(f"rollout.{key}=true needs an MoE model (model.arch=qwen3_moe): model.arch={m.arch} routes no token")
+    if r.captures_routing and cfg.trainer.recompute_activations and cfg.trainer.pipeline_parallel > 1:
+        raise ValueError(ROUTING_WITH_RECOMPUTE)
     if r.max_model_len is not None and r.max_model_len > m.max_position_embeddings:
         raise ValueError(f"rollout.max_model_len={r.max_model_len} exceeds model.max_position_embeddings={m.max_position_embeddings}: "
                          "vLLM refuses a context longer than the checkpoint's; lower rollout.max_model_len or leave it null")
@@ -127,3 +133,15 @@ def _check_batch_and_lengths(cfg: HetrlConfig) -> None:
     if pack is not None and pack < cfg.env.max_episode_tokens:
         raise ValueError(f"trainer.pack_length={pack} is shorter than env.max_episode_tokens={cfg.env.max_episode_tokens}: an episode "
                          f"that long fits no bin; use trainer.pack_length >= {cfg.env.max_episode_tokens}")
+
+
+def _check_adaptive_staleness(cfg: HetrlConfig) -> None:
+    """The metric an adaptive staleness bound follows must be one the trainer measures (trainer/algorithms.py
+    _is_weights: the is/* fractions come only with an IS correction, each 0 under the others)."""
+    adaptive = cfg.schedule.adaptive_staleness
+    needs = {"is/truncated_frac": ("truncated",), "is/masked_frac": ("masked", "icepop")}.get(adaptive.metric)
+    if adaptive.enabled and needs is not None and cfg.algorithm.is_correction not in needs:
+        raise ValueError(f"schedule.adaptive_staleness.metric={adaptive.metric} is measured only with "
+                         f"algorithm.is_correction={' or '.join(needs)}, but algorithm.is_correction="
+                         f"{cfg.algorithm.is_correction!r}: the bound would never see it rise; set "
+                         f"algorithm.is_correction={needs[0]} or adaptive_staleness.metric=mismatch/k3_kl")

@@ -84,12 +84,14 @@ async def run_episode(
     traj = _Trajectory()
     info: dict[str, Any] = {"turn_rewards": [], "seed": seed}
     stop_reason, finish_reason, num_turns = "prompt_too_long", "length", 0
+    routed_experts = None
     while len(prompt_ids) < max_episode_tokens:
         room = max_episode_tokens - len(prompt_ids) - len(traj.ids)
         turn_sampling = replace(sampling, n=1, max_tokens=min(sampling.max_tokens, room))
         kwargs = {"images": images} if images else {}
         result = await generate(prompt_ids + traj.ids, turn_sampling, **kwargs)
         traj.add_policy(result)
+        routed_experts = result.routed_experts  # the last turn's request ran the whole sequence: its routing covers it
         num_turns += 1
         finish_reason = result.finish_reason
         if finish_reason in ("abort", "rejected"):
@@ -125,7 +127,7 @@ async def run_episode(
         prompt_text=codec.decode(prompt_ids), completion_text=codec.decode(traj.ids),
         answer=task.answer, rewards={"env": float(sum(scored))} if scored else {},
         num_turns=num_turns, num_tool_calls=int(info.get("num_tool_calls", 0)), info=info,
-        images=images,
+        images=images, routed_experts=routed_experts,
     )
 
 

@@ -44,7 +44,7 @@ from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
-from hetrl.loop.faults import Countdown
+from hetrl.loop.faults import Countdown, Span
 from hetrl.loop.work import Checkpoint, CheckpointDone, PushFailed, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
 from hetrl.monitor import names
 from hetrl.transport.weights import WeightStreamBroken
@@ -94,7 +94,8 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     torch.manual_seed(cfg.run.seed)
     total_steps = cfg.run.steps + cfg.warm_start.steps
     trainer = PolicyTrainer(cfg.model, cfg.trainer, cfg.algorithm, seed=cfg.run.seed, total_steps=total_steps,
-                            temperature=cfg.rollout.temperature, max_len=cfg.rollout.max_tokens)
+                            temperature=cfg.rollout.temperature, max_len=cfg.rollout.max_tokens,
+                            routing="replay" if cfg.rollout.routing_replay else "measure" if cfg.rollout.return_routing else "off")
     liveness.tick()
     load_hf_checkpoint(trainer.module, model_dir, trainer.groups.pg_collection)
     if trainer.reference is not None:
@@ -192,12 +193,13 @@ class _Clock:
 
 
 class _RiggedFaults:
-    """The trainer's injected misbehaviours (``nan_loss``, ``desync_weights``; see hetrl.loop.faults)."""
+    """The trainer's injected misbehaviours (``nan_loss``, ``desync_weights``, ``drift_weights``: hetrl.loop.faults)."""
 
     def __init__(self, role_rank: int) -> None:
         found = faults.from_env()
         self.nan = Countdown(found, "trainer", role_rank, "nan_loss")
         self.desync = Countdown(found, "trainer", role_rank, "desync_weights")
+        self.drift = Span(found, "trainer", role_rank, "drift_weights", faults.DRIFT_PUSHES)
 
     def samples(self, work: TrainWork) -> list[Any]:
         """The step's samples, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
@@ -207,7 +209,8 @@ class _RiggedFaults:
         return [replace(s, reward=math.nan) for s in work.samples]
 
     def after_push(self, trainer: Any) -> None:
-        if not self.desync.fire():
+        desync, drift = self.desync.fire(), self.drift.fire()  # both count every push
+        if not (desync or drift):
             return
         import torch
 

@@ -98,7 +98,10 @@ CRITIC_GRAD_NORM = _spec("critic/grad_norm", "PPO: the value model's global grad
 CRITIC_LEARNING_RATE = _spec("critic/lr", "PPO: the value model's learning rate at this step (critic.lr and its schedule).", "", "trainer")
 CRITIC_STEP_S = _spec("critic/step_s", "PPO: wall time of the value model's optimizer step.", "s", "trainer")
 IS_WEIGHT_MEAN = _spec("is/weight_mean", "Mean importance weight of the train/inference mismatch correction (trainer vs engine probability).", "", "trainer")
-IS_MASKED_FRAC = _spec("is/masked_frac", "Fraction of policy tokens rejected by masked IS (weight above the threshold).", "fraction", "trainer")
+IS_MASKED_FRAC = _spec(
+    "is/masked_frac", "Fraction of policy tokens rejected by masked IS or IcePop (weight outside [is_threshold_low, is_threshold]).",
+    "fraction", "trainer",
+)
 IS_TRUNCATED_FRAC = _spec("is/truncated_frac", "Fraction of policy tokens whose IS weight was truncated at the threshold.", "fraction", "trainer")
 TRAINER_TOKENS_PER_S = _spec("perf/trainer_tokens_per_s", "Tokens trained per second (prompt + completion, all DP ranks) in the optimizer step.", "tokens/s", "trainer")
 TRAIN_STEP_S = _spec("perf/train_step_s", "Wall time of the trainer's optimizer step (log-prob passes included).", "s", "trainer")
@@ -111,11 +114,19 @@ MISMATCH_K3_KL = _spec("mismatch/k3_kl", "k3 estimate of KL(pi_engine || pi_trai
 MISMATCH_MAX_ABS_LOGPROB_DIFF = _spec(
     "mismatch/max_abs_logprob_diff", "Largest abs(log pi_trainer - log pi_engine) over the step's policy tokens.", "nats", "trainer"
 )
+ROUTING_DISAGREE_FRAC = _spec(
+    "routing/disagree_frac", "MoE runs with rollout.return_routing or routing_replay: fraction of (token, layer) pairs whose "
+    "experts as the trainer's router computes them differ from those the engine routed to (with routing_replay the "
+    "engine's are used all the same).", "fraction", "trainer"
+)
 
 # --- off-policy staleness ---
 STALENESS_MEAN = _spec("staleness/mean", "Mean policy lag (trainer version - oldest token version) of trained samples.", "versions")
 STALENESS_MAX = _spec("staleness/max", "Largest policy lag among trained samples.", "versions")
 STALENESS_DROPPED = _spec("staleness/dropped", "Samples dropped this step for exceeding the staleness bound.", "samples")
+STALENESS_BOUND = _spec(
+    "staleness/bound", "The staleness bound this step's batch was held to: 0 (sync), schedule.max_staleness, or the adaptive "
+    "bound of schedule.adaptive_staleness, which floats between its min_staleness and max_staleness.", "versions")
 STALENESS_REGENERATED = _spec(
     "staleness/regenerated", "Samples generated again this step for exceeding the staleness bound "
     "(schedule.stale_policy=regenerate): same sample ids, task and seeds, by the current policy.", "samples")
@@ -229,3 +240,4 @@ def check_name(name: str) -> str:
     close = difflib.get_close_matches(name, [s.name for s in METRICS], n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise ValueError(f"unknown metric name {name!r}: add it to hetrl/monitor/names.py and docs/metrics.md{hint}")
+

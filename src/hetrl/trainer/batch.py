@@ -63,6 +63,9 @@ class MicroBatch:
     advantages: Tensor  # [n, Tc] float
     sample_indices: list[int]  # positions of the n samples in the TrainBatch (empty for a filler)
     num_tokens: int  # real (non-pad) tokens in the rows
+    # Routing replay (MoE): the engine's experts per token, [R, T, layers, top_k] long in model
+    # space, -1 where it routed nothing (padding, each sample's last token); None without routing.
+    routed_experts: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -232,6 +235,7 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     positions = torch.zeros_like(tokens)
     gather = torch.zeros(n, width, dtype=torch.long)
     loss_mask, rollout = torch.zeros(n, width), torch.zeros(n, width)
+    routed = _routing_layout(seqs, num_rows, length)
     order: list[int] = []
     for r, row in enumerate(rows):
         offset = 0
@@ -247,6 +251,8 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
             gather[i, :c] = r * length + offset + p - 1 + torch.arange(c)
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
+            if routed is not None and s.routed_experts is not None:
+                routed[r, offset:offset + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype("int64"))
             order.append(indices[k])
             offset += len(ids)
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
@@ -254,8 +260,26 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     return MicroBatch(
         tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=cu, cu_seqlens_padded=cu,
         gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
-        sample_indices=order, num_tokens=sum(lengths),
+        sample_indices=order, num_tokens=sum(lengths), routed_experts=routed,
     )
+
+
+def _routing_layout(seqs: Sequence[Sample], rows: int, length: int) -> Tensor | None:
+    """An all ``-1`` ``[rows, length, layers, top_k]`` routing tensor when any sample carries routing, else None.
+
+    Routing is all or nothing: a sample with policy tokens but no routing would be trained under
+    routing the engine never used.
+    """
+    shapes = {s.routed_experts.shape[1:] for s in seqs if s.routed_experts is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"samples carry routing of different shapes (layers, top_k): {sorted(shapes)}")
+    missing = [s.sample_id for s in seqs if s.routed_experts is None and any(s.loss_mask)]
+    if missing:
+        raise ValueError(f"routing replay: samples {missing[:3]} have policy tokens but no engine routing "
+                         "(were they generated with rollout.return_routing / routing_replay on?)")
+    return torch.full((rows, length, *shapes.pop()), -1, dtype=torch.long)
 
 
 def _shift_left(tokens: Tensor) -> Tensor:
@@ -318,6 +342,7 @@ def _filler(template: MicroBatch) -> MicroBatch:
         tokens=tokens, position_ids=torch.zeros_like(tokens), labels=tokens.clone(), cu_seqlens=cu, cu_seqlens_padded=cu,
         gather_index=torch.zeros(1, 1, dtype=torch.long), loss_mask=zeros, rollout_logprobs=zeros.clone(),
         advantages=zeros.clone(), sample_indices=[], num_tokens=0,
+        routed_experts=None if template.routed_experts is None else torch.full((1, length, *template.routed_experts.shape[2:]), -1),
     )
 
 
@@ -338,7 +363,10 @@ def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
         cu = torch.cat([cu, cu[-1:] + (length - t)])
         cu_padded = torch.cat([cu_padded, torch.tensor([length], dtype=torch.int32)])
     gather = (mb.gather_index // t) * length + mb.gather_index % t
-    return replace(mb, tokens=tokens, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
+    routed = mb.routed_experts
+    if routed is not None:
+        routed = torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, length - t, 0, rows - r), value=-1)
+    return replace(mb, tokens=tokens, routed_experts=routed, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
                    labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
                    gather_index=gather)
 
@@ -359,5 +387,8 @@ def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
     tokens = torch.full((1, int(cu_padded[-1])), PAD_TOKEN_ID, dtype=torch.long)
     tokens[0, moved] = mb.tokens[0]
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
-    return replace(mb, tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
+    routed = mb.routed_experts
+    if routed is not None:
+        routed = torch.full((1, tokens.shape[1], *routed.shape[2:]), -1, dtype=torch.long).index_copy_(1, moved, routed)
+    return replace(mb, tokens=tokens, routed_experts=routed, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
                    gather_index=moved[mb.gather_index])

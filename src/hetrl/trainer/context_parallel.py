@@ -74,7 +74,8 @@ def shard_micro_batch(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
     if cp_size == 1:
         return mb
     keep = local_positions(mb.spans, cp_size, cp_rank)
-    return replace(mb, tokens=mb.tokens[:, keep], position_ids=mb.position_ids[:, keep], labels=mb.labels[:, keep])
+    routed = None if mb.routed_experts is None else mb.routed_experts[:, keep]
+    return replace(mb, tokens=mb.tokens[:, keep], position_ids=mb.position_ids[:, keep], labels=mb.labels[:, keep], routed_experts=routed)
 
 
 class _GatherSequence(torch.autograd.Function):

@@ -30,6 +30,7 @@ from torch import Tensor
 from hetrl.trainer import context_parallel
 from hetrl.trainer.batch import MicroBatch, TrainBatch
 from hetrl.trainer.parallel import ParallelGroups
+from hetrl.trainer.routing_replay import RoutingReplay
 
 
 def vocab_parallel_entropy(logits: Tensor, tp_group: dist.ProcessGroup | None) -> Tensor:
@@ -120,9 +121,14 @@ def packed_seq_params(mb: MicroBatch, device: torch.device):  # -> megatron Pack
                            cu_seqlens_kv_padded=cu_padded, max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
-def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups) -> Tensor:
-    """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden."""
+def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups, routing: RoutingReplay | None = None) -> Tensor:
+    """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden.
+
+    With ``routing`` the MoE routers take (or are compared with) the micro-batch's engine routing.
+    """
     local = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank)
+    if routing is not None:
+        routing.load(local)
     return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), None,
                  packed_seq_params=packed_seq_params(mb, groups.device))
 
@@ -134,6 +140,7 @@ def run_schedule(
     loss_func: Callable[[MicroBatch, Tensor], tuple[Tensor, dict[str, Any]]],
     *,
     forward_only: bool,
+    routing: RoutingReplay | None = None,
 ) -> list[dict[str, Any]]:
     """Megatron's forward(-backward) schedule over the batch; the per-micro-batch dicts (last stage)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -147,7 +154,8 @@ def run_schedule(
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
     multiple = 2 * groups.cp_size if groups.cp_size > 1 else 1  # each CP rank holds 2 equal chunks of every span
     if get_model_config(model).sequence_parallel:
-        multiple = math.lcm(multiple, groups.tp_size)  # sequence parallelism splits every row's tokens over TP
+        # sequence parallelism splits each CP rank's share of a row over TP
+        multiple = math.lcm(multiple, groups.tp_size * groups.cp_size)
     if multiple > 1:
         batch = batch.with_length_multiple(multiple)
     if groups.pp_size > 1:
@@ -157,7 +165,7 @@ def run_schedule(
 
     def forward_step(data_iterator: Iterator[MicroBatch], chunk: torch.nn.Module):
         mb = next(data_iterator)
-        return model_forward(chunk, mb, groups), lambda output: loss_func(mb, output)
+        return model_forward(chunk, mb, groups, routing), lambda output: loss_func(mb, output)
 
     schedule = get_forward_backward_func(pp_size=groups.pp_size)
     extra = {}
@@ -204,6 +212,7 @@ def forward_sample_space(
     batch: TrainBatch,
     groups: ParallelGroups,
     per_micro_batch: Callable[[MicroBatch, Tensor], dict[str, Tensor]],
+    routing: RoutingReplay | None = None,
 ) -> dict[str, Tensor]:
     """Forward-only pass over the batch: the named sample-space tensors ``[N, Tc]`` of ``per_micro_batch``, on every stage.
 
@@ -216,7 +225,7 @@ def forward_sample_space(
     was_training = model.training
     model.eval()
     try:
-        stored = run_schedule(model, batch, groups, collect, forward_only=True)
+        stored = run_schedule(model, batch, groups, collect, forward_only=True, routing=routing)
     finally:
         model.train(was_training)
     shape = (batch.num_samples, batch.max_completion_len)
@@ -236,6 +245,7 @@ def forward_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    routing: RoutingReplay | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Sample-space ``(logprobs, entropy or None)`` ``[N, Tc]`` of the batch's completion tokens (0 off-mask)."""
 
@@ -243,7 +253,7 @@ def forward_logprobs(
         lp, ent = sample_logprobs(logits, mb, groups, temperature=temperature, with_entropy=with_entropy)
         return {"logprobs": lp} if ent is None else {"logprobs": lp, "entropy": ent}
 
-    out = forward_sample_space(model, batch, groups, per_micro_batch)
+    out = forward_sample_space(model, batch, groups, per_micro_batch, routing)
     return out["logprobs"], out.get("entropy")
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
+from hetrl.config.rollout import ROUTING_WITH_RECOMPUTE
 from hetrl.config.trainer import TrainerConfig
 from hetrl.control import timeline
 from hetrl.monitor import names
@@ -36,7 +38,10 @@ from hetrl.trainer.logprobs import broadcast_from_last_stage, forward_logprobs, 
 from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
+from hetrl.trainer.routing_replay import RoutingReplay
 from hetrl.types import Sample
+
+RoutingMode = Literal["off", "measure", "replay"]
 
 TOKENS_PER_S = "perf/trainer_tokens_per_s"  # trained tokens (prompt + completion, all DP ranks) per second
 STEP_TIME_S = "perf/train_step_s"
@@ -48,7 +53,9 @@ class PolicyTrainer:
     ``total_steps`` sizes the LR decay (when ``trainer.lr_decay_steps`` is unset); ``temperature``
     is the engines' sampling temperature (log-probs are of ``softmax(z / T)``); ``max_len`` is the
     generation budget the Dr.GRPO aggregation divides by; ``with_reference`` builds the frozen
-    reference model (default: when ``algorithm.kl_coef > 0``).
+    reference model (default: when ``algorithm.kl_coef > 0``). ``routing`` says what the policy's
+    MoE routers do with the engine routing the samples carry (:mod:`hetrl.trainer.routing_replay`):
+    nothing, compare their own with it, or replay it.
     """
 
     def __init__(
@@ -63,11 +70,17 @@ class PolicyTrainer:
         temperature: float = 1.0,
         max_len: int | None = None,
         with_reference: bool | None = None,
+        routing: RoutingMode = "off",
     ) -> None:
         self.model_cfg, self.trainer_cfg, self.algo_cfg = model_cfg, trainer_cfg, algo_cfg
         self.groups = groups or init_parallel(trainer_cfg)
         self.temperature, self.max_len = temperature, max_len
         module = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
+        if routing != "off" and trainer_cfg.recompute_activations and trainer_cfg.pipeline_parallel > 1:
+            raise ValueError(ROUTING_WITH_RECOMPUTE)
+        # MoE routing of the engine: compared with the trainer's own ("measure") or replayed ("replay").
+        self.routing = None if routing == "off" else RoutingReplay(module, self.groups, replay=routing == "replay",
+                                                                    num_layers=model_cfg.num_layers)
         self.model = wrap_ddp(module, trainer_cfg, self.groups.pg_collection)
         self.optimizer, self.scheduler = build_optimizer(self.model, trainer_cfg, total_steps=total_steps, pg_collection=self.groups.pg_collection)
         self.reference: torch.nn.Module | None = None
@@ -124,7 +137,10 @@ class PolicyTrainer:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("compute_logprobs(reference=True) needs a reference model (with_reference=True or algorithm.kl_coef > 0)")
-        logprobs, entropy = forward_logprobs(model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy)
+        routing = None if reference else self.routing
+        with routing.measuring() if routing is not None else nullcontext():
+            logprobs, entropy = forward_logprobs(model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy,
+                                                 routing=routing)
         if with_entropy:
             return to_global(logprobs, batch, self.groups), to_global(entropy, batch, self.groups)
         return to_global(logprobs, batch, self.groups)
@@ -172,8 +188,10 @@ class PolicyTrainer:
         update_logprobs: list[Tensor] = []  # per micro-batch, on the last pipeline stage
         self.optimizer.zero_grad()
         self.model.zero_grad_buffer()
-        with timeline.span("forward-backward"):
-            stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False)
+        # The update's forward is of the weights the engine sampled with when it yields the old log-probs.
+        measure = self.routing is not None and old_logprobs is None
+        with timeline.span("forward-backward"), self.routing.measuring() if measure else nullcontext():
+            stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False, routing=self.routing)
         self.scheduler.step(increment=1)  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
         with timeline.span("optimizer step"):
             _, grad_norm, _ = self.optimizer.step()

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from hetrl.control import timeline
+from hetrl.monitor import names
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
 from hetrl.trainer.batch import completion_tensors
 from hetrl.trainer.critic import ValueTrainer
@@ -99,4 +100,6 @@ def train_on_batch(
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     if not supervised:
         metrics.update(advantage_metrics(advantages, mask))
+    if policy.routing is not None and (disagree := policy.routing.take_disagreement()) is not None:
+        metrics[names.ROUTING_DISAGREE_FRAC] = disagree
     return metrics, old_full
