@@ -92,7 +92,7 @@ def test_ppo_at_scale_dry_run(choice, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "recipe=moe_grpo", "nodes=128", choice,
                            f"run.output_dir={tmp_path}", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "hetrl plan: moe_grpo, 128 GPU node(s)" in proc.stdout and "TP 2 x PP 4 x CP 1 x DP 128 (EP 8)" in proc.stdout
+    assert "hetrl plan: moe_grpo on slurm_h100, 128 GPU node(s)" in proc.stdout and "TP 2 x PP 4 x CP 1 x DP 128 (EP 8)" in proc.stdout
     resolved = yaml.safe_load((tmp_path / "moe_grpo" / "config.yaml").read_text())
     assert resolved["algorithm"]["name"] == "ppo" and resolved["critic"]["init"] == "policy"
 

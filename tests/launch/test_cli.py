@@ -15,7 +15,7 @@ def test_dry_run_prints_plan_and_hetjob_script(tmp_path):
     proc = run("recipe=moe_grpo", "nodes=128", f"run.output_dir={tmp_path}", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "hetrl plan: moe_grpo, 128 GPU node(s)" in out
+    assert "hetrl plan: moe_grpo on slurm_h100, 128 GPU node(s)" in out
     assert "TP 2 x PP 4 x CP 1 x DP 128 (EP 8)" in out and "256 vLLM engine(s), TP 4" in out
     script = (tmp_path / "moe_grpo" / "job.sbatch").read_text()
     assert script in out  # printed verbatim, not wrapped

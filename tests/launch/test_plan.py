@@ -28,8 +28,29 @@ def check_consistent(plan: Plan):
 def test_tiny_grpo_local_plan():
     plan = plan_of("tiny_grpo")
     check_consistent(plan)
-    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward": 1, "env": 0, "orchestrator": 1}
+    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward_server": 0, "reward": 1, "env": 0, "orchestrator": 1}
     assert [c.name for c in plan.components] == ["local"]
+
+
+@pytest.mark.parametrize("recipe", ["tiny_judge_grpo", "tiny_rm_grpo"])
+def test_a_served_reward_model_gets_its_own_local_rank(recipe):
+    plan = plan_of(recipe, "reward.server.replicas=2")
+    check_consistent(plan)
+    assert plan.role_sizes()["reward_server"] == 2 and plan.num_reward_servers == 2
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_judge_pool_is_a_gpu_component_of_its_own_at_scale():
+    judge = ["reward.functions=[{name: judge}]", "reward.judge.model=/models/judge", "reward.server.replicas=8",
+             "reward.server.tensor_parallel=4", "reward.server.partition=judge"]
+    plan = plan_of("moe_grpo", "nodes=128", *judge)
+    check_consistent(plan)
+    [pool] = [c for c in plan.components if c.name == "reward_server"]
+    assert (pool.partition, pool.nodes, pool.tasks_per_node, pool.gpus_per_node) == ("judge", 4, 2, 8)
+    servers = [a for a in plan.assignments if a.role == "reward_server"]
+    assert [a.gpus for a in servers[:2]] == [(0, 1, 2, 3), (4, 5, 6, 7)] and {a.node for a in servers} == {0, 1, 2, 3}
+    with pytest.raises(PlanError, match="reward.server.replicas=3 cannot be spread evenly"):
+        plan_of("moe_grpo", "nodes=128", *judge[:2], "reward.server.replicas=3", "reward.server.tensor_parallel=4")
 
 
 def test_cpu_expert_parallel_gets_two_trainer_ranks():

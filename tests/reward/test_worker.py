@@ -1,7 +1,11 @@
+import threading
+import time
+
 import pytest
 
 from hetrl.config.reward import RewardConfig
-from hetrl.reward import ResultTable, RewardOutcome, RewardWorker, Rubric
+from hetrl.reward import ConcurrentScorer, Rubric
+from hetrl.reward.rubric import WeightedFn
 from hetrl.types import Sample
 
 
@@ -9,32 +13,61 @@ def sample(i, text):
     return Sample(f"s{i}", "g", "t", [1], [2] * (i + 1), [1] * (i + 1), [0.0] * (i + 1), [0] * (i + 1), completion_text=text)
 
 
-def test_score_batch_tags_results_in_order():
-    rubric = Rubric.from_config(RewardConfig(functions=[{"name": "format", "weight": 1.0}, {"name": "length", "weight": 0.0, "kwargs": {"target_tokens": 2}}]))
-    worker = RewardWorker(rubric, concurrency=3)
-    samples = [sample(i, "<think>t</think> \\boxed{1}" if i % 2 else "no format") for i in range(6)]
-    results = worker.score_batch(samples)
-    worker.close()
-    assert [sid for sid, _ in results] == [s.sample_id for s in samples]
-    assert [o.total for _, o in results] == [0.0, 1.0] * 3
-    assert results[5][1].per_source["length"] == pytest.approx(-2.0)  # zero-weight metric: computed, not in the total
-    applied = results[1][1].apply_to(samples[1])
-    assert applied.reward == 1.0 and applied.rewards["format"] == 1.0
+def drain(scorer, expected, timeout_s=10.0):
+    done, failed = [], []
+    deadline = time.monotonic() + timeout_s
+    while len(done) + len(failed) < expected:
+        assert time.monotonic() < deadline, "the scorer did not finish in time"
+        scorer.wake.wait(0.05)
+        got, lost = scorer.finished()
+        done += got
+        failed += lost
+    return done, failed
 
 
-def test_crashed_worker_items_are_retried_once():
-    table = ResultTable()
+def test_scores_every_sample_with_the_rubric():
+    rubric = Rubric.from_config(RewardConfig(functions=[{"name": "format", "weight": 1.0},
+                                                        {"name": "length", "weight": 0.0, "kwargs": {"target_tokens": 2}}]))
+    scorer = ConcurrentScorer(rubric, concurrency=3)
+    for i in range(6):
+        scorer.submit(sample(i, "<think>t</think> \\boxed{1}" if i % 2 else "no format"))
+    done, failed = drain(scorer, 6)
+    scorer.close()
+    by_id = {s.sample_id: s for s in done}
+    assert not failed and sorted(by_id) == [f"s{i}" for i in range(6)]
+    assert [by_id[f"s{i}"].reward for i in range(6)] == [0.0, 1.0] * 3
+    assert by_id["s5"].rewards["length"] == pytest.approx(-2.0)  # zero-weight metric: computed, not in the total
+
+
+def test_samples_are_scored_at_once_and_stream_out_as_they_finish():
+    all_running, release = threading.Barrier(4, timeout=5), threading.Event()
+
+    def slow(s):
+        all_running.wait()  # only passes once 4 samples are being scored together
+        if s.sample_id != "s0":
+            release.wait(5)
+        return 1.0
+
+    scorer = ConcurrentScorer(Rubric([WeightedFn("slow", slow, 1.0)]), concurrency=4)
     for i in range(4):
-        table.assign(f"s{i}", "w0" if i < 2 else "w1")
-    assert table.record("s2", RewardOutcome(1.0))
-    lost = table.worker_failed("w1")  # w1 died with s3 unfinished
-    assert lost == ["s3"] and set(table.pending()) == {"s0", "s1"}
-    table.assign("s3", "w0")
-    assert table.record("s3", RewardOutcome(0.5))
-    assert not table.record("s3", RewardOutcome(0.9))  # w1's late answer is ignored, never double-counted
-    assert table.duplicates == 1 and table.result("s3").total == 0.5 and len(table) == 2
-    with pytest.raises(ValueError, match="double-count"):
-        table.assign("s2", "w0")
+        scorer.submit(sample(i, "x"))
+    first, failed = drain(scorer, 1)
+    assert not failed and [s.sample_id for s in first] == ["s0"] and scorer.in_flight == 3  # out before the others finish
+    release.set()
+    rest, failed = drain(scorer, 3)
+    scorer.close()
+    assert not failed and len(rest) == 3
+
+
+def test_a_scoring_crash_comes_back_as_failed_ids():
+    def explode(s):
+        raise RuntimeError("the scorer's hook broke")
+
+    scorer = ConcurrentScorer(Rubric([WeightedFn("ok", lambda s: 1.0, 1.0)]), concurrency=2, on_scored=explode)
+    scorer.submit(sample(0, "x"))
+    done, failed = drain(scorer, 1)
+    scorer.close()
+    assert not done and failed[0][0] == "s0" and "broke" in str(failed[0][1]) and scorer.in_flight == 0
 
 
 def test_unknown_reward_name_is_refused():
@@ -45,8 +78,6 @@ def test_unknown_reward_name_is_refused():
 def test_failing_source_is_flagged_not_raised():
     def broken(s):
         raise RuntimeError("boom")
-
-    from hetrl.reward.rubric import WeightedFn
 
     out = Rubric([WeightedFn("ok", lambda s: 1.0, 1.0), WeightedFn("bad", broken, 1.0)]).score(sample(0, "x"))
     assert out.total == 1.0 and "reward/error:bad" in out.flags and out.per_source["bad"] == 0.0

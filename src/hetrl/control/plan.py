@@ -12,6 +12,9 @@ Layout rules (each violation raises :class:`PlanError` saying why and suggesting
     PP divides the layers;
   * an engine's TP divides the GPUs of a node; colocated engines tile the trainer's GPUs,
     disaggregated engines get nodes of their own;
+  * reward servers (the frozen judge / reward model, when the rubric uses one) get GPU nodes of
+    their own on ``reward.server.partition``, ``gpus_per_node / reward.server.tensor_parallel``
+    replicas a node; on a CPU profile each replica is one local process;
   * reward/verifier/sandbox workers, env servers (``env.placement=role``) and the orchestrator
     live on the CPU partition, in one component: per node its reward workers, then its env
     servers; the orchestrator is one extra task after them, on the first node.
@@ -26,7 +29,7 @@ from pathlib import Path
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
 
-ROLES = ("trainer", "rollout", "reward", "env", "orchestrator")
+ROLES = ("trainer", "rollout", "reward_server", "reward", "env", "orchestrator")
 # Roles of the CPU partition: Python control loops whose heavy work (verifiers, sandboxes) runs
 # in subprocesses, so each rank gets one thread.
 CPU_ROLES = ("reward", "env", "orchestrator")
@@ -93,6 +96,7 @@ class Plan:
     components: tuple[Component, ...]
     assignments: tuple[RankAssignment, ...] = field(repr=False)
     num_env_workers: int = 0  # env-server ranks (env.placement=role); 0: environments run inside the rollout ranks
+    num_reward_servers: int = 0  # judge / reward-model replicas; 0: the rubric serves no model
 
     @property
     def world_size(self) -> int:
@@ -130,6 +134,7 @@ class Plan:
             nodes=raw["nodes"], gpus_per_node=raw["gpus_per_node"],
             trainer=TrainerLayout(**raw["trainer"]), rollout=RolloutLayout(**raw["rollout"]),
             num_reward_workers=raw["num_reward_workers"], num_env_workers=raw.get("num_env_workers", 0),
+            num_reward_servers=raw.get("num_reward_servers", 0),
             components=tuple(Component(**{**c, "roles": tuple(c["roles"])}) for c in raw["components"]),
             assignments=tuple(RankAssignment(**{**a, "gpus": tuple(a["gpus"])}) for a in raw["assignments"]),
         )
@@ -160,14 +165,18 @@ def _cpu_plan(cfg: HetrlConfig) -> Plan:
     rollout = RolloutLayout("colocated" if cfg.rollout.placement == "colocated" else "disaggregated", 0, cfg.rollout.num_engines or 1, 1)
     num_reward = max(1, cfg.cluster.cpu_nodes * cfg.cluster.reward_workers_per_node)
     num_env = max(1, cfg.cluster.cpu_nodes * env_workers_per_node(cfg)) if env_workers_per_node(cfg) else 0
-    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward": num_reward, "env": num_env, "orchestrator": 1}
+    if cfg.reward.served_models and cfg.reward.server.tensor_parallel != 1:
+        raise PlanError(f"reward.server.tensor_parallel={cfg.reward.server.tensor_parallel}: CPU reward servers run without TP; use 1")
+    num_servers = cfg.reward.server.replicas if cfg.reward.served_models else 0
+    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward_server": num_servers, "reward": num_reward, "env": num_env,
+                   "orchestrator": 1}
     assignments, rank = [], 0
     for role in ROLES:
         for role_rank in range(role_counts[role]):
             assignments.append(RankAssignment(rank, role, role_rank, "local", 0))
             rank += 1
     component = Component("local", "local", 1, len(assignments), 0, tuple(role for role in ROLES if role_counts[role]))
-    return Plan(1, 0, trainer, rollout, num_reward, (component,), tuple(assignments), num_env)
+    return Plan(1, 0, trainer, rollout, num_reward, (component,), tuple(assignments), num_env, num_servers)
 
 
 def env_workers_per_node(cfg: HetrlConfig) -> int:
@@ -233,6 +242,8 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
         for node in range(rollout.nodes):
             add_engines("rollout", node)
         components.append(Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",)))
+    if cfg.reward.served_models:
+        components.append(_reward_server_component(cfg, add))
     # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first node.
     cpu_nodes, rewards, envs = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node, env_workers_per_node(cfg)
     per_node = rewards + envs
@@ -244,7 +255,27 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
     cpu_roles = ("orchestrator", "reward", "env") if envs else ("orchestrator", "reward")
     components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1,
                                 plane_block=per_node))
-    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"])
+    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"],
+                counters["reward_server"])
+
+
+def _reward_server_component(cfg: HetrlConfig, add) -> Component:  # noqa: ANN001 - _assemble_gpu's add(role, component, node, gpus)
+    """The judge / reward-model replicas: GPU nodes of their own, replicas filling each node's GPUs in turn."""
+    server, gpn = cfg.reward.server, cfg.cluster.gpus_per_node
+    if gpn % server.tensor_parallel:
+        raise PlanError(f"reward.server.tensor_parallel={server.tensor_parallel} does not divide the {gpn} GPUs of a node; "
+                        f"valid: {_divisors(gpn)}")
+    per_node = gpn // server.tensor_parallel
+    nodes = -(-server.replicas // per_node)
+    if server.replicas % nodes:
+        valid = list(range(1, per_node + 1)) + [per_node * k for k in range(2, 5)]
+        raise PlanError(f"reward.server.replicas={server.replicas} cannot be spread evenly over {nodes} node(s) of {per_node} "
+                        f"replica(s) of TP {server.tensor_parallel}; valid: {valid}")
+    per_node = server.replicas // nodes
+    for node in range(nodes):
+        for slot in range(per_node):
+            add("reward_server", "reward_server", node, tuple(range(slot * server.tensor_parallel, (slot + 1) * server.tensor_parallel)))
+    return Component("reward_server", server.partition or cfg.cluster.gpu_partition, nodes, per_node, gpn, ("reward_server",))
 
 
 def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:

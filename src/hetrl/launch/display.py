@@ -10,7 +10,7 @@ from hetrl.control.plan import Plan
 
 def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
     """Two tables: the job's components (what Slurm allocates) and the parallel layout of each role."""
-    components = Table(title=f"hetrl plan: {cfg.recipe}, {plan.nodes} GPU node(s), {plan.world_size} ranks")
+    components = Table(title=f"hetrl plan: {cfg.recipe} on {cfg.cluster.name}, {plan.nodes} GPU node(s), {plan.world_size} ranks")
     for column in ("component", "partition", "nodes", "tasks", "tasks/node", "GPUs/node", "roles"):
         components.add_column(column)
     for c in plan.components:
@@ -26,6 +26,11 @@ def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
                    f" (EP {t.expert_parallel}) on {t.nodes} node(s)")
     where = "colocated on the trainer GPUs" if r.placement == "colocated" else f"on {r.nodes} node(s) of their own"
     layout.add_row("rollout", str(sizes["rollout"]), f"{r.num_engines} vLLM engine(s), TP {r.engine_tensor_parallel}, {where}")
+    if sizes["reward_server"]:
+        server = cfg.reward.server
+        where = f"TP {server.tensor_parallel} on {server.partition or cfg.cluster.gpu_partition!r}" if plan.gpus_per_node else "local"
+        layout.add_row("reward_server", str(sizes["reward_server"]), f"frozen {' + '.join(cfg.reward.served_models)} replica(s), {where}, "
+                       "serving every reward worker over the control plane")
     layout.add_row("reward", str(sizes["reward"]), f"reward/verifier/sandbox workers on {cfg.cluster.cpu_partition!r}")
     if sizes["env"]:
         layout.add_row("env", str(sizes["env"]), f"env servers on {cfg.cluster.cpu_partition!r}: episodes' reset/step/close and tools, "

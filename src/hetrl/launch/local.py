@@ -41,13 +41,15 @@ def threads_per_role(cfg: HetrlConfig, plan: Plan) -> dict[str, int]:
     """torch/OMP threads per process: heavy roles share the cores, light ones take one each.
 
     Oversubscription costs 20-40x on a 2-core machine, so this is never left to the defaults.
+    Reward servers take one thread each: they serve small frozen models between the steps' heavy phases.
     """
     cores = os.cpu_count() or 1
-    heavy = sum(n for role, n in plan.role_sizes().items() if role not in CPU_ROLES)
+    light = (*CPU_ROLES, "reward_server")
+    heavy = sum(n for role, n in plan.role_sizes().items() if role not in light)
     if plan.rollout.placement == "colocated":
         heavy = max(plan.role_sizes()["trainer"], plan.role_sizes()["rollout"])  # time-shared, not concurrent
     heavy_threads = cfg.run.threads_per_process or max(1, cores // max(heavy, 1))
-    return {role: (1 if role in CPU_ROLES else heavy_threads) for role in plan.role_sizes()}
+    return {role: (1 if role in light else heavy_threads) for role in plan.role_sizes()}
 
 
 def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False,

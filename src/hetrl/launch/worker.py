@@ -111,12 +111,12 @@ def visible_devices(assigned: tuple[int, ...], inherited: str | None) -> str:
 
 
 def _bind_engine_gpus(assignment) -> None:  # noqa: ANN001 - hetrl.control.plan.RankAssignment
-    """A rollout rank sees only its engine's GPUs, before anything initialises CUDA.
+    """A rollout or reward-server rank sees only its engine's GPUs, before anything initialises CUDA.
 
     vLLM places an engine's TP workers on the first visible devices: without this, every engine of
     a node would share GPU 0. Trainer ranks keep the node's view (they pick their device by rank).
     """
-    if assignment.role == "rollout" and assignment.gpus:
+    if assignment.role in ("rollout", "reward_server") and assignment.gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(assignment.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 

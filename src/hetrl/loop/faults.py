@@ -9,6 +9,8 @@
   push_refused@n   rollout: the engine refuses its n-th weight push after reading it whole (once);
                    it must keep serving its old version and the orchestrator have the push resent
   scorer_crash@n   reward: the rubric raises on the n-th batch (once); its samples must be retried
+  server_crash@n   reward_server: the judge / reward model fails on its n-th batch; the server leaves
+                   service and the reward workers must re-send its requests to another replica
   reward_drop@n    reward: from the n-th sample it scores on, every total reward is lowered by
                    REWARD_DROP (a scorer that silently broke); the reward-collapse guard must fire
   nan_loss@n       trainer: the advantages of its n-th batch (warm-start batches count) are NaN, so
@@ -30,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "reward_drop", "nan_loss", "desync_weights",
+KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "server_crash", "reward_drop", "nan_loss", "desync_weights",
          "drift_weights")
 FAULT_ENV = "HETRL_INJECT_FAULT"
 REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level

@@ -1,26 +1,36 @@
-"""The reward role: scores finished samples with the recipe's rubric, as a stream.
+"""The reward role: scores finished samples with the recipe's rubric, many at once, as a stream.
 
-Each :class:`RewardWork` is answered by one :class:`RewardDone` with the same samples, rewards
-and flags filled in, and the wall time the scoring took (the orchestrator turns it into
-``time/reward``). The rubric never raises for a hostile sample (a failing source scores 0 with
-a flag); if it fails anyway (a verifier process died, a reward-model server broke), the batch
-comes back as ``failed`` for the orchestrator to retry and the rubric is rebuilt.
+Each :class:`RewardWork` is answered by :class:`RewardDone` messages carrying its samples with
+rewards and flags filled in, sent as they finish (``hetrl.reward.worker.ConcurrentScorer``:
+``reward.workers`` samples at a time, so code tests run side by side on the sandbox pool and judge
+and reward-model requests are in flight together), with the wall time the worker was busy since
+its previous answer (the orchestrator turns it into ``time/reward``). The rubric never raises for
+a hostile sample (a failing source scores 0 with a flag); if scoring fails anyway (the injected
+``scorer_crash``, a broken rubric), those samples come back as ``failed`` for the orchestrator to
+retry, and the rubric is rebuilt.
+
+Served models: when the rubric uses the judge or the reward model, they live on the
+reward_server ranks (``hetrl.loop.reward_server_role``); this rank's main thread -- the only one
+that touches MPI -- pumps their client between polls of the orchestrator.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
 from hetrl.types import Sample
 
 logger = logging.getLogger(__name__)
+_NAP_MIN_S = 0.0005
+_NAP_MAX_S = 0.02
 
 
 class _RiggedFaults:
@@ -36,38 +46,100 @@ class _RiggedFaults:
         return sample
 
 
+class RewardRank:
+    """One reward worker: takes the orchestrator's work, scores it concurrently, streams the results back."""
+
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
+        from hetrl.loop.reward_server_role import RewardServerClient
+
+        self.ctx, self.cfg, self.crash = ctx, cfg, crash
+        self.rigged = _RiggedFaults(ctx.assignment.role_rank)
+        server = cfg.reward.server
+        self.client = RewardServerClient(ctx, server.request_timeout_s, server.max_attempts) if cfg.reward.served_models else None
+        self.scorer = self._new_scorer()
+        self.busy_since: float | None = None  # wall time charged to the next answer starts here
+        self.stop = False
+
+    def _new_scorer(self) -> Any:
+        from hetrl.reward.rubric import Rubric
+        from hetrl.reward.worker import ConcurrentScorer
+
+        resources = {"reward_server": self.client, "judge_config": self.cfg.reward.judge} if self.client else {}
+        rubric = Rubric.from_config(self.cfg.reward, resources)
+        return ConcurrentScorer(rubric, self.cfg.reward.workers, on_scored=self.rigged.after_scoring)
+
+    def run(self) -> None:
+        nap = _NAP_MIN_S
+        try:
+            while not self.stop:  # at Shutdown the orchestrator wants no more answers
+                moved = self._take_work()
+                if self.client is not None:
+                    moved = self.client.pump() or moved
+                moved = self._answer() or moved
+                # Reported from this thread only (a beacon record is replaced whole); a busy report is progress,
+                # so it is made only when something moved: a rank stuck on a sample goes stale and is named.
+                if not self.scorer.in_flight:
+                    liveness.idle("waiting for samples to score")
+                elif moved:
+                    liveness.busy(f"scoring {self.scorer.in_flight} sample(s)")
+                nap = _NAP_MIN_S if moved else min(nap * 2, _NAP_MAX_S)
+                if not moved:
+                    self.scorer.wake.wait(nap)  # a sample finishing ends the nap early
+        finally:
+            self.scorer.close()
+            if self.client is not None:
+                self.client.close()
+
+    def _take_work(self) -> bool:
+        got = poll(self.ctx.world, self.ctx.orchestrator_rank, Tag.WORK)
+        if got is None:
+            return False
+        message = got[0]
+        if isinstance(message, Shutdown):
+            self.stop = True
+            return True
+        if not isinstance(message, RewardWork):
+            raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
+        if self.busy_since is None:
+            self.busy_since = time.monotonic()
+        if self.crash.fire():
+            self._fail(message.samples, RuntimeError("injected fault: the reward scorer crashed"))
+            return True
+        for sample in message.samples:
+            self.scorer.submit(sample)
+        return True
+
+    def _answer(self) -> bool:
+        done, failed = self.scorer.finished()
+        if failed:
+            logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", failed[0][1], len(failed))
+            self._rebuild()
+        if not done and not failed:
+            return False
+        self._send(RewardDone(done, failed=[sample_id for sample_id, _ in failed]))
+        return True
+
+    def _fail(self, samples: list[Sample], error: BaseException) -> None:
+        logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(samples))
+        self._rebuild()
+        self._send(RewardDone([], failed=[s.sample_id for s in samples]))
+
+    def _rebuild(self) -> None:
+        """A new rubric for what comes next; the old scorer's samples in flight finish and are answered first."""
+        old, self.scorer = self.scorer, self._new_scorer()
+        old.close()
+        done, failed = old.finished()
+        if done or failed:
+            self._send(RewardDone(done, failed=[sample_id for sample_id, _ in failed]))
+
+    def _send(self, done: RewardDone) -> None:
+        now, t0 = time.monotonic(), time.time()
+        start = self.busy_since if self.busy_since is not None else now
+        done.score_s = now - start
+        timeline.record("score", t0 - done.score_s, t0)
+        self.busy_since = now if self.scorer.in_flight else None
+        send(self.ctx.world, done, self.ctx.orchestrator_rank, Tag.RESULT)
+
+
 def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
-    from hetrl.reward.rubric import Rubric
-
-    rubric = Rubric.from_config(cfg.reward)
-    rigged = _RiggedFaults(ctx.assignment.role_rank)
-    try:
-        while True:
-            liveness.idle("waiting for samples to score")
-            message, source, _ = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)
-            if isinstance(message, Shutdown):
-                return
-            if not isinstance(message, RewardWork):
-                raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
-            liveness.busy(f"scoring {len(message.samples)} sample(s)")
-            start, t0 = time.monotonic(), time.time()
-            try:
-                if crash.fire():
-                    raise RuntimeError("injected fault: the reward scorer crashed")
-                done = RewardDone([rigged.after_scoring(_scored(rubric, sample)) for sample in message.samples])
-            except Exception as error:  # noqa: BLE001 - retried elsewhere; the worker carries on
-                logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(message.samples))
-                rubric.close()
-                rubric = Rubric.from_config(cfg.reward)
-                done = RewardDone([], failed=[s.sample_id for s in message.samples])
-            done.score_s = time.monotonic() - start
-            timeline.record("score", t0, time.time())
-            send(ctx.world, done, source, Tag.RESULT)
-    finally:
-        rubric.close()
-
-
-def _scored(rubric, sample: Sample) -> Sample:  # noqa: ANN001 - hetrl.reward.rubric.Rubric
-    scored = rubric.score(sample).apply_to(sample)
-    liveness.tick()
-    return scored
+    RewardRank(ctx, cfg, crash).run()

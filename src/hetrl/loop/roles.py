@@ -103,6 +103,10 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
         from hetrl.loop.reward_role import run_reward
 
         run_reward(ctx, cfg, Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "scorer_crash"))
+    elif ctx.role == "reward_server":
+        from hetrl.loop.reward_server_role import run_reward_server
+
+        run_reward_server(ctx, cfg, Path(setup.model_dir), Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "server_crash"))
     elif ctx.role == "env":
         from hetrl.loop.env_role import run_env
 

@@ -5,6 +5,6 @@ Heavy pieces (math-verify, torch, the sandbox) are imported by their own modules
 
 from hetrl.reward.base import RewardOutcome, RewardValue
 from hetrl.reward.rubric import Rubric
-from hetrl.reward.worker import ResultTable, RewardWorker
+from hetrl.reward.worker import ConcurrentScorer
 
-__all__ = ["ResultTable", "RewardOutcome", "RewardValue", "RewardWorker", "Rubric"]
+__all__ = ["ConcurrentScorer", "RewardOutcome", "RewardValue", "Rubric"]

@@ -1,7 +1,12 @@
 """LLM-as-judge: rubric prompt, fenced and sanitised response, parsed verdict, retries, defaults.
 
-The judge model is reached through a plain ``generate(prompt: str) -> str`` function, so the same
-pipeline runs on a vLLM engine (``VLLMGenerate``), an HTTP endpoint or a scripted fake in tests.
+The judge model is reached through one function, ``ask(Completion) -> CompletionResult``
+(hetrl.reward.serving): in a run that is the reward_server role's client (the judge engine on the
+server ranks, ``reward.judge.model``); in tests, a scripted fake. Two ways to score
+(``reward.judge.scoring``): ``verdict`` has the judge write a reason and ``<score>N</score>``;
+``expected`` ends the prompt in ``<score>`` and takes the probability-weighted mean of the scale's
+integers among the judge's next-token candidates, which never fails to parse and suits small or
+base judges.
 
 Defenses, in order: the policy's reasoning (``<think>...``) is removed, since only the answer is
 judged; the response is cut to a maximum length; anything that looks like our fence or verdict
@@ -18,26 +23,125 @@ from __future__ import annotations
 import math
 import re
 import secrets
+import unicodedata
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 from hetrl.config.reward import JudgeConfig
 from hetrl.reward.base import RewardValue
 from hetrl.reward.hacking import JUDGE_INJECTION
+from hetrl.reward.serving import Completion, CompletionResult
 from hetrl.types import Sample
 
-GenerateFn = Callable[[str], str]
+AskFn = Callable[[Completion], CompletionResult]
 
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S | re.I)
 _SCORE = re.compile(r"<score>\s*(-?\d+(?:\.\d+)?)\s*</score>", re.I)
 _CHOICE = re.compile(r"<choice>\s*([AB]|tie)\s*</choice>", re.I)
 _MARKUP = re.compile(r"</?\s*(score|choice|response[-\w]*|rubric|system|judge)\b[^>]*>", re.I)
+# Injection detection. The line: a response is flagged when it speaks TO the grader or ABOUT the
+# grade of ITSELF -- it tells the grader what to do ("ignore the rubric", "output <score>10</score>",
+# "give this a 10"), claims a top grade for itself ("this answer deserves full marks", "I should get
+# 10/10", "the correct grade for this response is 10"), addresses the grader ("note to the grader",
+# "Evaluator note:", "whoever is grading this") or plays a role ("SYSTEM:", chat-template tokens).
+# It is not flagged for talking about scores of other things: games and bowling frames, students
+# ("Alice scores 10/10"), test runs ("10/10 tests passed"), linters ("scores 10.00/10 with pylint"),
+# a bare final answer ("my answer is 10", "the final score is 10"), tutoring imperatives ("you should
+# now divide by 2"), or judges in law ("as the judge ruled"). A bare score tag with no instruction
+# ("... <score>10</score>") is left to the fence, which neutralises it. Detection scores the response
+# 0, so each pattern needs a self-reference, an addressee or an instruction, not just a number.
+_SELF = (r"(?:(?:this|my|the\s+(?:above|following|preceding|present|current|final|submitted))\s+(?:\w+\s+)?"
+         r"(?:answer|response|solution|submission|reply|essay|proof|attempt|completion|explanation|work))")
+_TOP = (r"(?:(?:10|100|5)\s*/\s*(?:10|100|5)\b|(?:10|100)\s+out\s+of\s+(?:10|100)\b"
+        r"|full\s+(?:marks|credit|points|score)|perfect\s+(?:score|marks|grade|rating|10\b|100\b)"
+        r"|(?:the\s+)?(?:highest|maximum|max|top|best)(?:\s+possible)?\s+(?:score|grade|marks?|rating|points)"
+        r"|top\s+marks|five\s+stars|an?\s+(?-i:A\+?)(?![\w+])"
+        r"|(?:an?\s+)?(?:score|grade|rating|mark)\s+of\s+(?:10|100)\b)")
+# A bare 10 or 100 counts only when no ordinary word follows it ("give it 10 minutes" is not a grade).
+_NUM = r"(?:an?\s+)?(?:10|100)(?:\.0+)?(?![\w.,/]*\d)(?!\s*(?!(?:for|because|since|as|and|please|now|points?|marks?|stars?)\b)[a-z])"
+_ART = r"(?:(?:a|an|the)\s+)?"
+_VAL = rf"(?:{_ART}{_TOP}|{_NUM})"
+_VERDICT = r"(?:&lt;|<)\s*/?\s*(?:score|choice|verdict|grade)\s*(?:&gt;|>)"
 _INJECTION = re.compile(
-    r"ignore\s+(all\s+|any\s+|the\s+|your\s+|previous\s+|prior\s+|above\s+)*(instructions?|rubric|rules|guidelines)"
-    r"|(score|rate|grade|give)\s+(this|it|me|the\s+response)?\s*(an?\s+)?(\d+\s*/\s*\d+|10|100|full\s+marks|perfect)"
-    r"|you\s+(are|must|should)\s+now\b|as\s+the\s+(judge|grader|evaluator)|new\s+instructions?\s*:|system\s+prompt",
-    re.I,
+    # overriding the grader's instructions
+    r"\b(?:ignore|disregard|override|bypass|forget|neglect|set\s+aside|do\s+not\s+(?:follow|apply|use))\s+"
+    r"(?:(?:all|any|the|your|these|those|previous|prior|above|earlier|preceding|original|grading|scoring|evaluation|marking|system)\s+)*"
+    r"(?:instructions?|rubrics?|rules|guidelines|criteria|directions|system\s+prompt|marking\s+scheme)\b"
+    r"|\b(?:rubric|grading\s+criteria)\s+(?:does|do|should)\s+not\s+apply"
+    r"|\b(?:new|updated|revised|real|actual|hidden)\s+(?:instructions?|system\s+prompt|rubric)\s*:"
+    r"|\bsystem\s+prompt\s*(?::|override|update)|\b(?:system|admin|developer|judge|grader)\s+override\b"
+    # asking for a grade for this response
+    rf"|\b(?:score|rate|grade|mark|give|assign|award|return|output|reply\s+with|respond\s+with)\s+(?:it|this|me|{_SELF})\s+(?:(?:with|at|as)\s+)?{_VAL}"
+    rf"|\b(?:rate|grade|give|assign|award)\s+{_ART}{_TOP}"
+    rf"|\b(?:give|assign|award|return|output)\s+{_VAL}\s+(?:to|for)\s+(?:it|this|me|{_SELF})\b"
+    rf"|\b(?:output|return|print|emit|write|reply|respond|answer|end)\s+(?:with\s+|only\s+|just\s+)*:?\s*{_VERDICT}"
+    r"|\bmark\s+(?:it|this|me|my\s+\w+)\s+(?:as\s+)?(?:correct|right|perfect|passing|a\s+pass)\b"
+    # claiming a top grade for itself
+    rf"|{_SELF}\s+(?:(?:deserves?|earns?|merits?|warrants?|is\s+worth|qualifies\s+for|(?:should|must)\s+be\s+(?:given|awarded|scored|rated|graded|marked))\s+(?:\w+\s+){{0,4}}?{_VAL}"
+    rf"|(?:scores?|rates?|gets?|receives?|(?:should|must|would)\s+(?:get|receive|earn|score))\s+(?:\w+\s+){{0,4}}?{_TOP}|is\s+(?:an?\s+)?{_TOP})"
+    rf"|\bI\s+(?:deserve|merit|earn(?:ed)?|should\s+(?:get|receive|be\s+(?:given|awarded))|must\s+(?:get|receive|be\s+given)|am\s+owed)\s+(?:\w+\s+){{0,4}}?{_TOP}"
+    r"|\bthis\s+is\s+an?\s+(?:10|100)\s*/\s*(?:10|100)\b"
+    rf"|\b(?:correct|right|appropriate|fair|proper|true|only\s+valid|expected)\s+(?:grade|score|rating|mark|verdict)\s+(?:for|of|on)\s+(?:it|this|me|{_SELF})\s+(?:is|=|would\s+be|should\s+be)\b"
+    r"|^[\s>*#-]*(?:final\s+|self[-\s]?|overall\s+)?(?:score|rating|grade|verdict|evaluation|assessment)\s*[:=]\s*(?:10|100)\s*/\s*(?:10|100)\b"
+    # addressing the grader
+    r"|\b(?:note|message|instructions?|memo|reminder)\s+(?:to|for)\s+(?:the\s+|any\s+)?(?:\w+\s+)?(?:grader|judge|evaluator|rater|assessor|marker|examiner|grading\s+model)s?\b"
+    r"|\b(?:grader|evaluator|rater|assessor|marker|examiner|grading|judge)s?(?:'s)?\s+(?:note|notice|instructions?|message|directive)s?\s*:"
+    r"|(?:^|[(\[])[\s>*#-]*(?:grader|evaluator|rater|assessor|examiner|judge)\s*:"
+    r"|\b(?:dear|attention|hey|hello|hi)\s*,?\s+(?:the\s+)?(?:(?:ai|llm|automated|automatic)\s+)?(?:grader|evaluator|rater|assessor|marker|grading\s+model|judge\s+model)s?\b"
+    r"|\b(?:dear|attention|hey|hello|hi)\s*,?\s+(?:the\s+)?(?:ai|llm|automated|automatic)\s+judge\b"
+    r"|\b(?:you|whoever|whatever|anyone|anybody)\s+(?:are|is|who\s+(?:is|are))\s+(?:(?:now|currently)\s+)?(?:grading|evaluating|scoring|judging|assessing|marking|reviewing)\s+(?:this|me|my)\b"
+    r"|\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|language\s+model|judge|grader|evaluator|grading\s+model|reward\s+model|automated\s+(?:grader|judge|evaluator))\b"
+    r"|\b(?:when|while)\s+(?:grading|evaluating|scoring|judging|assessing|marking)\s+(?:this|my)\s+(?:\w+\s+)?(?:answer|response|solution|submission|reply|essay|proof)\b"
+    r"|\bas\s+(?:the|an?|my)\s+(?:(?:ai|llm|automated)\s+)?(?:judge|grader|evaluator|rater|assessor|marker|examiner)\s*,?\s+(?:you|please)\b"
+    r"|\b(?:pretend|imagine|act\s+as\s+if)\s+(?:that\s+)?you\s+are\s+(?:an?\s+)?(?:\w+\s+){0,2}(?:grader|judge|evaluator|rater|assessor|marker)"
+    r"|\bact\s+as\s+(?:an?|the)\s+(?:\w+\s+){0,2}(?:grader|judge|evaluator|rater|assessor|marker)"
+    r"|\byou\s+(?:are|will\s+be)\s+now\s+(?:an?|the|my)\s+(?:\w+\s+){0,3}?(?:grader|judge|evaluator|rater|assessor|marker|assistant|ai|model|bot)\b"
+    r"|\byou\s+are\s+now\s+(?:in\s+)?(?:developer|admin|god|dan|jailbreak|unrestricted)\s+mode\b"
+    r"|\byou\s+(?:must|should|will)\s+now\s+(?:ignore|disregard|forget|obey|act\s+as|respond\s+with|reply\s+with|output\s+(?:a\s+|the\s+)?(?:score|grade|<|10\b|100\b))"
+    # role play and chat-template tokens
+    r"|(?-i:^[\s>*#\[(-]*(?:SYSTEM|ADMIN|DEVELOPER)\s*[\]):])"
+    r"|^[\s>*#-]*\[\s*(?:system|admin|developer|inst)\s*\]"
+    r"|<\|\s*(?:im_?start|im_?end|system|user|assistant|eot_?id|start_?header_?id|begin_?of_?text)\s*\|>|<<\s*/?\s*sys\s*>>|\[/?inst\]"
+    r"|^\s*#{2,}\s*(?:system|instruction|new\s+instruction)s?\b",
+    re.I | re.M,
 )
+# Phrases still recognisable with every space and symbol removed ("i g n o r e  t h e  r u b r i c").
+_INJECTION_COMPACT = re.compile(
+    r"(?:ignore|disregard|override|forget)(?:all|any|the|your|previous|prior|above|grading|scoring)*(?:instructions?|rubric|guidelines|criteria)"
+    r"|(?:score|rate|grade|give|award)(?:this|it|me|thisanswer|thisresponse|thissolution|myanswer)(?:an?|a)?(?:1010|100100|10outof10|fullmarks|perfectscore|maximumscore|highestscore)"
+    r"|(?:deserves?|earns?|merits?)(?:an?|the)?(?:1010|fullmarks|fullcredit|perfectscore|maximumscore|highestscore|topmarks)"
+    r"|notetothe(?:grader|judge|evaluator)|(?:grader|evaluator)note|asthe(?:judge|grader|evaluator)you"
+)
+_ZERO_WIDTH_CATEGORIES = ("Cf", "Mn", "Me")  # format chars (zero-width, bidi, soft hyphen) and combining marks
+_CONFUSABLES = str.maketrans("аеорсухіјѕԁɡАВЕКМНОРСТХІЈЅαεορτυνκιΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
+                             "aeopcyxijsdgABEKMHOPCTXIJSaeoptuvkiABEZHIKMNOPTYX")
+_LEET = re.compile(r"(?<=[a-z])[013457@$]|[013457@$](?=[a-z])", re.I)
+_LEET_MAP = str.maketrans("013457@$", "oieastas")
+_SPACED = re.compile(r"(?<![\w/])(?:[a-z0-9/][ .\-_·•*]){2,}[a-z0-9/](?![\w/])", re.I)
+
+
+def _normalise(text: str) -> str:
+    """NFKC, invisible and combining characters dropped, look-alike letters mapped to ASCII, emphasis
+    markup removed, digits inside words read as letters ("1gn0r3"), letter-by-letter words joined."""
+    text = _THINK.sub("", text)
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+        text = "".join(c for c in text if unicodedata.category(c) not in _ZERO_WIDTH_CATEGORIES)
+        text = text.translate(_CONFUSABLES)
+    text = re.sub(r"[*_~`]+", "", text)
+    text = _LEET.sub(lambda m: m.group(0).translate(_LEET_MAP), text)
+    return _SPACED.sub(lambda m: re.sub(r"[ .\-_·•*]", "", m.group(0)), text)
+
+
+def detect_injection(text: str) -> bool:
+    """True when the response addresses the grader or claims its own grade (see the comment above
+    ``_INJECTION`` for where the line is drawn); robust to unicode look-alikes, zero-width characters,
+    markdown emphasis, leetspeak and s-p-a-c-e-d letters. Such a response is scored 0 unjudged."""
+    norm = _normalise(text)
+    if _INJECTION.search(norm):
+        return True
+    return bool(_INJECTION_COMPACT.search(re.sub(r"[^a-z0-9]", "", norm.lower())))
+
 
 PROMPT = """You are grading a response against a rubric.
 
@@ -83,10 +187,6 @@ def prepare_response(text: str, max_chars: int) -> str:
     return _MARKUP.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
 
 
-def detect_injection(text: str) -> bool:
-    return bool(_INJECTION.search(_THINK.sub("", text)))
-
-
 def parse_score(output: str, lo: float, hi: float) -> float | None:
     """The LAST <score> tag's value if finite and on the scale, else None."""
     found = _SCORE.findall(output)
@@ -107,25 +207,38 @@ class JudgeVerdict:
     flags: list[str]
     attempts: int
     failed: bool
+    score_mass: float = 1.0  # scoring=expected: the probability the judge put on the scale's integers
 
 
 class JudgePipeline:
-    def __init__(self, generate: GenerateFn, config: JudgeConfig | None = None) -> None:
-        self.generate = generate
+    """The judge's whole procedure for one response (or one pair), around any model that answers a :class:`Completion`."""
+
+    def __init__(self, ask: AskFn, config: JudgeConfig | None = None) -> None:
+        self.ask = ask
         self.config = config or JudgeConfig()
+        self.template = self.config.template or PROMPT
 
     def judge(self, prompt: str, response: str) -> JudgeVerdict:
         cfg = self.config
         if detect_injection(response):
             return JudgeVerdict(0.0, [JUDGE_INJECTION], 0, False)
-        text = PROMPT.format(rubric=cfg.rubric, nonce=secrets.token_hex(8), prompt=prepare_response(prompt, cfg.max_response_chars),
-                             response=prepare_response(response, cfg.max_response_chars), lo=cfg.min_score, hi=cfg.max_score)
         for attempt in range(1, cfg.max_retries + 2):
-            raw = self._ask(text)
-            score = parse_score(raw, cfg.min_score, cfg.max_score) if raw is not None else None
+            # A fresh nonce each try: a response cannot learn the fence from a failed attempt.
+            text = self.template.format(rubric=cfg.rubric, nonce=secrets.token_hex(8), prompt=prepare_response(prompt, cfg.max_response_chars),
+                                        response=prepare_response(response, cfg.max_response_chars), lo=cfg.min_score, hi=cfg.max_score)
+            score, mass = self._score(text)
             if score is not None:
-                return JudgeVerdict((score - cfg.min_score) / (cfg.max_score - cfg.min_score), [], attempt, False)
+                return JudgeVerdict((score - cfg.min_score) / (cfg.max_score - cfg.min_score), [], attempt, False, mass)
         return JudgeVerdict(cfg.default_score, ["judge/failed"], cfg.max_retries + 1, True)
+
+    def _score(self, text: str) -> tuple[float | None, float]:
+        """The verdict on the judge's scale (None when there is none) and the probability mass behind it."""
+        cfg = self.config
+        if cfg.scoring == "expected":
+            result = self._ask(Completion(text, prefix="<score>", max_tokens=1, top_logprobs=cfg.top_logprobs))
+            return expected_score(result.top, cfg.min_score, cfg.max_score) if result is not None else (None, 0.0)
+        result = self._ask(Completion(text, max_tokens=cfg.max_tokens))
+        return (parse_score(result.text, cfg.min_score, cfg.max_score) if result is not None else None), 1.0
 
     def compare(self, prompt: str, a: str, b: str) -> tuple[str, dict[str, float]]:
         """Pairwise preference ("A", "B" or "tie") asked in both orders; an order-dependent answer is a tie."""
@@ -143,47 +256,50 @@ class JudgePipeline:
     def _choice(self, prompt: str, a: str, b: str) -> str | None:
         text = PAIR_PROMPT.format(rubric=self.config.rubric, nonce=secrets.token_hex(8), prompt=prompt, a=a, b=b)
         for _ in range(self.config.max_retries + 1):
-            raw = self._ask(text)
-            choice = parse_choice(raw) if raw is not None else None
+            result = self._ask(Completion(text, max_tokens=self.config.max_tokens))
+            choice = parse_choice(result.text) if result is not None else None
             if choice is not None:
                 return choice
         return None
 
-    def _ask(self, text: str) -> str | None:
+    def _ask(self, request: Completion) -> CompletionResult | None:
         try:
-            return self.generate(text)
+            return self.ask(request)
         except Exception:  # a judge outage is a failed attempt, not a crash of the reward stream
             return None
 
 
-class JudgeReward:
-    """Reward function over ``JudgePipeline`` (needs the ``judge_generate`` resource)."""
+def expected_score(top: dict[str, float], lo: float, hi: float) -> tuple[float | None, float]:
+    """Probability-weighted mean of the integers on the scale among the judge's next-token candidates.
 
-    def __init__(self, judge_generate: GenerateFn, **config: Any) -> None:
-        self.pipeline = JudgePipeline(judge_generate, JudgeConfig(**config))
+    ``top`` maps a candidate token's text to its probability. Returns ``(score, mass)``: mass is the
+    probability the candidates on the scale hold together (a judge that means to answer puts most
+    of it there; ``judge/score_mass`` shows it), and score is None when no candidate is on the scale.
+    """
+    on_scale: dict[int, float] = {}
+    for token, probability in top.items():
+        text = token.strip()
+        if re.fullmatch(r"-?\d+", text) and lo <= int(text) <= hi:
+            on_scale[int(text)] = on_scale.get(int(text), 0.0) + probability
+    mass = sum(on_scale.values())
+    if mass <= 0.0:
+        return None, 0.0
+    return sum(value * p for value, p in on_scale.items()) / mass, mass
+
+
+class JudgeServer(Protocol):
+    def judge(self, request: Completion) -> CompletionResult: ...
+
+
+class JudgeReward:
+    """Reward function over ``JudgePipeline``: the served judge (resource ``reward_server``), configured by ``reward.judge``."""
+
+    def __init__(self, reward_server: JudgeServer, judge_config: JudgeConfig) -> None:
+        self.pipeline = JudgePipeline(reward_server.judge, judge_config)
 
     def __call__(self, sample: Sample) -> RewardValue:
         v = self.pipeline.judge(sample.prompt_text, sample.completion_text)
-        return RewardValue(v.score, v.flags, {"judge/failures": float(v.failed), "judge/attempts": float(v.attempts)})
-
-
-class VLLMGenerate:
-    """Adapter: a vLLM ``LLM`` (or anything with its ``generate(prompts, sampling_params)``) as a GenerateFn.
-
-    Greedy by default so a verdict is reproducible; chat templating is the engine owner's choice
-    (pass ``chat=True`` to use ``LLM.chat`` with one user message).
-    """
-
-    def __init__(self, llm: Any, sampling_params: Any = None, chat: bool = False) -> None:
-        if sampling_params is None:
-            from vllm import SamplingParams
-
-            sampling_params = SamplingParams(temperature=0.0, max_tokens=256)
-        self.llm, self.params, self.chat = llm, sampling_params, chat
-
-    def __call__(self, prompt: str) -> str:
-        if self.chat:
-            outputs = self.llm.chat([{"role": "user", "content": prompt}], self.params, use_tqdm=False)
-        else:
-            outputs = self.llm.generate([prompt], self.params, use_tqdm=False)
-        return outputs[0].outputs[0].text
+        metrics = {"judge/failures": float(v.failed), "judge/attempts": float(v.attempts)}
+        if self.pipeline.config.scoring == "expected" and not v.failed and v.attempts:
+            metrics["judge/score_mass"] = v.score_mass
+        return RewardValue(v.score, v.flags, metrics)

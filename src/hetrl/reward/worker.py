@@ -1,81 +1,80 @@
-"""The reward worker role: finished Samples in, ``(sample_id, RewardOutcome)`` out.
+"""Concurrent scoring for the reward role: samples in, scored samples out as each one finishes.
 
-In-process API: ``RewardWorker.score_batch(samples)`` scores concurrently (sandbox runs and
-reward-model requests overlap) and returns results in input order. The MPI wiring lives in the
-loop; what it needs for exactly-once accounting is ``ResultTable``: the loop assigns each sample
-id to a worker, records results idempotently (a late duplicate from a worker presumed dead is
-ignored and counted), and when a worker crashes takes back its unfinished ids to send elsewhere.
+Why threads: a rubric's sources spend their time waiting -- on sandboxed test programs (each a
+subprocess), on the served judge or reward model (a request over the control plane), on
+math-verify's deadline workers. Scoring one sample at a time would hold a step up behind its
+slowest program; ``concurrency`` samples at once keep the sandbox pool and the served models busy
+while the caller (the reward role's MPI loop, which owns every MPI call) keeps polling.
+
+Contract: :meth:`ConcurrentScorer.submit` never blocks; :meth:`ConcurrentScorer.finished` returns
+what completed since the last call, scored samples and the ids of samples whose scoring failed
+(the rubric itself never raises for a hostile sample: a failure here means the rubric broke, and
+the orchestrator retries those samples elsewhere).
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from hetrl.reward.base import RewardOutcome
 from hetrl.reward.rubric import Rubric
 from hetrl.types import Sample
 
 
-class RewardWorker:
-    def __init__(self, rubric: Rubric, concurrency: int = 4) -> None:
+class ConcurrentScorer:
+    """Scores up to ``concurrency`` samples at once on threads; results stream out in finishing order."""
+
+    def __init__(self, rubric: Rubric, concurrency: int, on_scored: Callable[[Sample], Sample] | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.rubric = rubric
-        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reward")
+        self.on_scored = on_scored or (lambda sample: sample)
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="score")
+        self._lock = threading.Lock()
+        self._done: list[Sample] = []
+        self._failed: list[tuple[str, BaseException]] = []
+        self._in_flight = 0
+        self.wake = threading.Event()  # set whenever a sample finishes: the caller may sleep on it
 
-    def score(self, sample: Sample) -> tuple[str, RewardOutcome]:
-        return sample.sample_id, self.rubric.score(sample)
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
 
-    def score_batch(self, samples: list[Sample]) -> list[tuple[str, RewardOutcome]]:
-        return list(self._executor.map(self.score, samples))
+    def submit(self, sample: Sample) -> None:
+        with self._lock:
+            self._in_flight += 1
+        self._executor.submit(self._score, sample).add_done_callback(self._collect_crash(sample))
+
+    def _score(self, sample: Sample) -> None:
+        scored = self.on_scored(self.rubric.score(sample).apply_to(sample))
+        with self._lock:
+            self._done.append(scored)
+            self._in_flight -= 1
+        self.wake.set()
+
+    def _collect_crash(self, sample: Sample) -> Callable[[Future], None]:
+        def check(future: Future) -> None:
+            error = future.exception()
+            if error is None:
+                return
+            with self._lock:
+                self._failed.append((sample.sample_id, error))
+                self._in_flight -= 1
+            self.wake.set()
+
+        return check
+
+    def finished(self) -> tuple[list[Sample], list[tuple[str, BaseException]]]:
+        """Scored samples and ``(sample_id, error)`` of failed ones since the last call; never blocks."""
+        with self._lock:
+            done, failed = self._done, self._failed
+            self._done, self._failed = [], []
+            self.wake.clear()  # a sample finishing after this sets it again
+            return done, failed
 
     def close(self) -> None:
+        """Wait for the samples in flight, then release the rubric (its sandbox pool, its clients)."""
         self._executor.shutdown(wait=True)
         self.rubric.close()
-
-
-class ResultTable:
-    """Exactly-once bookkeeping of reward results keyed by sample id (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: dict[str, str] = {}  # pending sample id -> worker it was sent to
-        self._results: dict[str, RewardOutcome] = {}
-        self.duplicates = 0
-
-    def assign(self, sample_id: str, worker: str) -> None:
-        with self._lock:
-            if sample_id in self._results:
-                raise ValueError(f"sample {sample_id} already has a reward; assigning it again would double-count")
-            self._owner[sample_id] = worker
-
-    def record(self, sample_id: str, outcome: RewardOutcome) -> bool:
-        """Keep the first result for an id; return False (and count it) for any later one."""
-        with self._lock:
-            if sample_id in self._results:
-                self.duplicates += 1
-                return False
-            self._results[sample_id] = outcome
-            self._owner.pop(sample_id, None)
-            return True
-
-    def worker_failed(self, worker: str) -> list[str]:
-        """Ids the failed worker still owed, now unassigned: send them to another worker."""
-        with self._lock:
-            lost = sorted(sid for sid, w in self._owner.items() if w == worker)
-            for sid in lost:
-                del self._owner[sid]
-            return lost
-
-    def pending(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._owner)
-
-    def result(self, sample_id: str) -> RewardOutcome | None:
-        with self._lock:
-            return self._results.get(sample_id)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._results)
