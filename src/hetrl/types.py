@@ -62,6 +62,10 @@ class GenerationResult:
     routed_experts: np.ndarray | None = None
 
 
+REWARD_METRICS_KEY = "reward_metrics"  # Sample.info key of the reward functions' per-sample metrics (name -> value)
+CONVERSATION_KEY = "messages"  # Sample.info key of the episode as chat messages, text only ({"role", "content"} each)
+
+
 @dataclass
 class Sample:
     """A finished episode, ready for reward and then training.
@@ -88,7 +92,7 @@ class Sample:
     flags: list[str] = field(default_factory=list)  # reward-hacking and sanity flags
     num_turns: int = 1
     num_tool_calls: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # env info; CONVERSATION_KEY, REWARD_METRICS_KEY (above)
     # Images of a multimodal episode in the order their placeholders appear in the tokens (the
     # trainer needs them to recompute log-probs); empty for text-only episodes.
     images: list[Any] = field(default_factory=list)

@@ -66,6 +66,17 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_ppo", ["critic.init={tmp}"], "critic.init='.*' has no config.json and no \\*.safetensors"),
         ("tiny_grpo", ["model.hf_checkpoint={tmp}/missing"], "model.hf_checkpoint='.*missing' is not a directory"),
         ("tiny_grpo", ["env.tasks.source=file", "env.tasks.path={tmp}/tasks.jsonl", "env.tasks.options={}", "env.tasks.answer_instruction=null"], "env.tasks.path='.*tasks.jsonl' is not a file"),
+        ("tiny_judge_grpo", ["reward.judge.model={tmp}/judge"], "reward.judge.model='.*judge' is not a directory"),
+        ("tiny_rm_grpo", ["reward.reward_model.path={tmp}"], "reward.reward_model.path='.*' has no config.json"),
+        # served reward models (hetrl.loop.reward_server_role, hetrl.reward.serving)
+        ("tiny_grpo", ["reward.functions=[{name: judge}]"], "names judge but reward.judge.model is null"),
+        ("tiny_grpo", ["reward.functions=[{name: reward_model}]"], "names reward_model but reward.reward_model.path is null"),
+        ("tiny_judge_grpo", ["reward.judge.template='{prompt} {response}'"], r"template must contain \{response\} and \{nonce\}"),
+        ("tiny_judge_grpo", ["reward.judge.template='{response} {nonce} {score}'"], "reward.judge.template does not format"),
+        ("tiny_judge_grpo", ["reward.server.tensor_parallel=2"], "CPU reward servers run without TP"),
+        ("tiny_judge_grpo", ["reward.server.request_timeout_s=120"], "request_timeout_s=120 must be shorter than monitor.hang_timeout_s=120"),
+        ("moe_grpo", ["reward.functions=[{name: judge}]", "reward.judge.model=policy", "reward.server.tensor_parallel=3"],
+         r"reward.server.tensor_parallel=3 does not divide the 8 GPUs"),
     ],
 )
 def test_refused_on_the_login_node(recipe, overrides, message, tmp_path):

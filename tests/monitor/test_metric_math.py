@@ -11,7 +11,7 @@ import pytest
 from hetrl.monitor.eval import eval_metrics, mean_at_k, pass_at_k
 from hetrl.monitor.metrics import mfu, rollout_metrics, staleness_metrics
 from hetrl.monitor.mismatch import mismatch_metrics
-from hetrl.types import Sample
+from hetrl.types import REWARD_METRICS_KEY, Sample
 
 
 def _s(i, reward, n_tokens, task="a", rewards=None, finish="stop", flags=(), versions=None, group="g"):
@@ -38,6 +38,19 @@ def test_rollout_metrics_by_hand():
     assert m["episode/turns_mean"] == 2.0 and m["episode/tool_calls_mean"] == 2.0
     assert m["flags/frac"] == pytest.approx(2 / 3) and m["flags/x_frac"] == pytest.approx(2 / 3) and m["flags/y_frac"] == pytest.approx(1 / 3)
     assert rollout_metrics([]) == {}
+    assert "hack/proxy_corr" not in m and "judge/failed_frac" not in m
+
+
+def test_served_model_metrics_by_hand():
+    samples = [_s(i, 0.0, 2, rewards={"reward_model": rm, "math": right}) for i, (rm, right) in enumerate([(1.0, 1.0), (2.0, 0.0), (3.0, 0.0)])]
+    for s, failed, mass in zip(samples, (1.0, 0.0, 0.0), (None, 0.5, 0.7)):
+        s.info[REWARD_METRICS_KEY] = {"judge/failed_frac": failed, "reward/hacked": 0.0, **({"judge/score_mass": mass} if mass else {})}
+    m = rollout_metrics(samples)
+    assert m["judge/failed_frac"] == pytest.approx(1 / 3) and m["judge/score_mass"] == pytest.approx(0.6)  # over samples that have it
+    assert "reward/hacked" not in m  # the rubric's own bookkeeping is no documented metric
+    assert m["hack/proxy_corr"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 0, 0])[0, 1]) and m["hack/proxy_corr"] < 0
+    del samples[0].rewards["math"]  # a sample without a verifiable source: no correlation that step
+    assert "hack/proxy_corr" not in rollout_metrics(samples)
 
 
 def test_staleness():

@@ -33,6 +33,19 @@ def test_round_trip_equal(tmp_path):
     assert [r.sample.sample_id for r in RolloutReader(tmp_path).records(step=1)] == [s.sample_id for s in make_samples(1)[0]]
 
 
+def test_a_store_written_before_routing_replay_still_reads(tmp_path):
+    import h5py
+
+    with RolloutStore(tmp_path) as store:
+        store.append(0, *make_samples(0))
+    [path] = RolloutReader(tmp_path).files()
+    with h5py.File(path, "a") as f:  # what the v1 format wrote: no routing columns
+        for name in ("ragged/routed_experts", "samples/routing_layers", "samples/routing_topk"):
+            del f[name]
+    records = RolloutReader(tmp_path).records()
+    assert [r.sample for r in records] == make_samples(0)[0] and all(r.sample.routed_experts is None for r in records)
+
+
 def test_without_trainer_logprobs_and_bounded_buffer(tmp_path):
     store = RolloutStore(tmp_path, flush_every=5)
     samples, _ = make_samples(0, n=12)

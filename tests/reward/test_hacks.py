@@ -126,4 +126,4 @@ def test_out_of_range_total_scores_zero():
 def test_out_of_range_judge_verdict_is_rejected():
     judge = JudgeReward(ScriptedJudge("<score>11</score>"), JudgeConfig(max_retries=1))
     value = judge(sample("4", answer=None))
-    assert value.score == 0.0 and "judge/failed" in value.flags and value.metrics["judge/failures"] == 1.0
+    assert value.score == 0.0 and "judge/failed" in value.flags and value.metrics["judge/failed_frac"] == 1.0

@@ -249,3 +249,18 @@ def test_a_template_from_the_recipe_fences_the_response_with_a_fresh_nonce():
     JudgePipeline(judge, JudgeConfig(template=template)).judge("2+2?", "4")
     first, second = judge.prompts
     assert first.startswith("Q: 2+2? <r") and "</r" in first and first.endswith(" 0-10") and first != second
+
+
+def test_the_judge_reads_the_conversation_not_the_templated_text():
+    from hetrl.reward.base import prompt_and_response
+    from hetrl.types import Sample
+
+    single = Sample("s", "g", "t", [1], [2], [1], [0.0], [0], prompt_text="<|im_start|>user\nWhat is 2+2?<|im_end|>",
+                    completion_text="4<|im_end|>", info={"messages": [{"role": "system", "content": "Be brief."},
+                                                                      {"role": "user", "content": "What is 2+2?"},
+                                                                      {"role": "assistant", "content": "4"}]})
+    assert prompt_and_response(single) == ("Be brief.\n\nWhat is 2+2?", "4")
+    single.info["messages"] += [{"role": "tool", "content": "ok"}, {"role": "assistant", "content": "done"}]
+    assert prompt_and_response(single)[1] == "[assistant] 4\n\n[tool] ok\n\n[assistant] done"
+    del single.info["messages"]  # made outside the episode runner: the decoded texts
+    assert prompt_and_response(single) == (single.prompt_text, single.completion_text)

@@ -24,7 +24,11 @@ def scorer(policy_dir):
     return RewardModelScorer(policy_dir, RewardModelConfig(batch_size=2, max_length=48), seed=0, fresh_head=True)
 
 
-PAIRS = [("What is 2+2?", "4"), ("Name a colour.", "A long answer: blue, like the sky at noon."), ("Hi", "")]
+def chat(prompt, response):
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+PAIRS = [chat("What is 2+2?", "4"), chat("Name a colour.", "A long answer: blue, like the sky at noon."), chat("Hi", "")]
 
 
 def test_batched_scores_match_single_ones(scorer):
@@ -41,25 +45,26 @@ def test_the_fresh_head_is_seeded(policy_dir, scorer):
 
 def test_left_truncation_keeps_the_response(scorer):
     long_prompt = "blah " * 100
-    assert scorer.score([(long_prompt, "4")]) == pytest.approx(scorer.score([("x " + long_prompt, "4")]), abs=1e-5)
-    assert scorer.score([(long_prompt, "4")]) != pytest.approx(scorer.score([(long_prompt, "5")]), abs=1e-7)
+    assert scorer.score([chat(long_prompt, "4")]) == pytest.approx(scorer.score([chat("x " + long_prompt, "4")]), abs=1e-5)
+    assert scorer.score([chat(long_prompt, "4")]) != pytest.approx(scorer.score([chat(long_prompt, "5")]), abs=1e-7)
 
 
 class FakeServer:
     def __init__(self, scorer):
         self.scorer, self.asked = scorer, []
 
-    def reward_model(self, prompt, response):
-        self.asked.append((prompt, response))
-        return self.scorer.score([(prompt, response)])[0]
+    def reward_model(self, messages):
+        self.asked.append(messages)
+        return self.scorer.score([messages])[0]
 
 
 def test_usable_as_a_weighted_reward_function(scorer):
     server = FakeServer(scorer)
     config = RewardConfig(functions=[{"name": "reward_model", "weight": 0.5, "kwargs": {"scale": 2.0}}], reward_model={"path": "policy"})
     rubric = Rubric.from_config(config, resources={"reward_server": server})
-    sample = Sample("s", "g", "t", [1, 2], [3, 4], [1, 1], [0.0, 0.0], [0, 0], prompt_text="What is 2+2?", completion_text="4")
+    sample = Sample("s", "g", "t", [1, 2], [3, 4], [1, 1], [0.0, 0.0], [0, 0], prompt_text="<user>What is 2+2?", completion_text="4</s>",
+                    info={"messages": chat("What is 2+2?", "4")})
     out = rubric.score(sample)
-    assert server.asked == [("What is 2+2?", "4")]
-    assert out.total == pytest.approx(0.5 * 2.0 * scorer.score([("What is 2+2?", "4")])[0], abs=1e-6) and not out.flags
+    assert server.asked == [chat("What is 2+2?", "4")]  # the conversation, not the templated text
+    assert out.total == pytest.approx(0.5 * 2.0 * scorer.score([chat("What is 2+2?", "4")])[0], abs=1e-6) and not out.flags
     assert isinstance(RewardModelReward(server), RewardModelReward)

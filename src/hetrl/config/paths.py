@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetrl.config.loader import ConfigError
+from hetrl.config.reward import POLICY_MODEL
 from hetrl.config.schema import HetrlConfig
 
 # critic.init values that name no path (hetrl.trainer.critic.ValueTrainer.load_initial_weights).
@@ -29,6 +30,11 @@ def check_paths(cfg: HetrlConfig) -> None:
         else:
             problems.append(f"critic.init={cfg.critic.init!r} is neither 'policy' nor 'fresh' nor an existing path (an HF "
                             "token-classification checkpoint directory)")
+    served = {"judge": ("reward.judge.model", cfg.reward.judge.model), "reward_model": ("reward.reward_model.path", cfg.reward.reward_model.path)}
+    for name in cfg.reward.served_models:
+        key, path = served[name]
+        if path != POLICY_MODEL:
+            problems += _hf_checkpoint_problems(key, path)
     for key, tasks in (("env.tasks", cfg.env.tasks), ("env.eval_tasks", cfg.env.eval_tasks)):
         if tasks is not None and tasks.source == "file" and tasks.path is not None and not Path(tasks.path).is_file():
             problems.append(f"{key}.path={tasks.path!r} is not a file (a JSONL or Parquet file of tasks)")

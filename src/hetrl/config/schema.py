@@ -52,6 +52,7 @@ class HetrlConfig(Section):
         _check_algorithm_and_stages(self)
         _check_batch_and_lengths(self)
         _check_adaptive_staleness(self)
+        _check_reward_server(self)
         return self
 
 
@@ -145,3 +146,13 @@ def _check_adaptive_staleness(cfg: HetrlConfig) -> None:
                          f"algorithm.is_correction={' or '.join(needs)}, but algorithm.is_correction="
                          f"{cfg.algorithm.is_correction!r}: the bound would never see it rise; set "
                          f"algorithm.is_correction={needs[0]} or adaptive_staleness.metric=mismatch/k3_kl")
+
+
+def _check_reward_server(cfg: HetrlConfig) -> None:
+    """A reward worker waiting on a stuck server makes no progress: it must re-send the request to another
+    replica (hetrl.loop.reward_server_role) before the liveness watchdog ends the job."""
+    server, hang = cfg.reward.server, cfg.monitor.hang_timeout_s
+    if cfg.reward.served_models and server.request_timeout_s >= hang:
+        raise ValueError(f"reward.server.request_timeout_s={server.request_timeout_s:g} must be shorter than monitor.hang_timeout_s="
+                         f"{hang:g}: a request stuck on one replica is re-sent to another only after it, and the watchdog would end "
+                         "the job first; lower reward.server.request_timeout_s")

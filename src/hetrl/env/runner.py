@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from hetrl.env.base import Environment, Message, Task
 from hetrl.env.chat import ChatCodec
-from hetrl.types import GenerationResult, Sample, SamplingParams
+from hetrl.types import CONVERSATION_KEY, GenerationResult, Sample, SamplingParams
 
 # (prompt_ids, sampling) -> result; an engine that takes images also accepts ``images=`` (a list).
 GenerateFn = Callable[..., Awaitable[GenerationResult]]
@@ -28,6 +28,16 @@ GenerateFn = Callable[..., Awaitable[GenerationResult]]
 def _images_of(messages: list[Message]) -> list[Any]:
     return [p["image"] for m in messages if isinstance(m.get("content"), list)
             for p in m["content"] if p.get("type") == "image" and "image" in p]
+
+
+def _as_text(messages: list[Message]) -> list[dict[str, str]]:
+    """The conversation with each message's content as text (an image part becomes ``<image>``)."""
+    def text(content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        return "".join(p.get("text", "") if p.get("type") == "text" else "<image>" for p in content)
+
+    return [{"role": m["role"], "content": text(m.get("content", ""))} for m in messages]
 
 
 class _Trajectory:
@@ -119,6 +129,7 @@ async def run_episode(
     if stop_reason in ("max_turns", "max_episode_tokens", "prompt_too_long"):
         finish_reason = "length"
     info["stop_reason"] = stop_reason
+    info[CONVERSATION_KEY] = _as_text(messages)  # what a judge or a reward model reads (hetrl.reward.base.conversation)
     scored = [r for r in info["turn_rewards"] if r is not None]
     return Sample(
         sample_id=sample_id, group_id=group_id, task_name=task.source,

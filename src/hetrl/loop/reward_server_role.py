@@ -47,7 +47,7 @@ JUDGE, REWARD_MODEL = "judge", "reward_model"
 
 @dataclass
 class ServeCalls:
-    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, ``(prompt, response)`` for the reward model."""
+    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward model."""
 
     calls: list[tuple[int, str, Any]]
 
@@ -216,8 +216,8 @@ class RewardServerClient:
     def judge(self, request: Completion) -> CompletionResult:
         return self._ask(JUDGE, request)
 
-    def reward_model(self, prompt: str, response: str) -> float:
-        return self._ask(REWARD_MODEL, (prompt, response))
+    def reward_model(self, messages: list[dict[str, str]]) -> float:
+        return self._ask(REWARD_MODEL, messages)
 
     def _ask(self, model: str, payload: Any) -> Any:
         future: Future = Future()

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.types import Sample
+from hetrl.types import REWARD_METRICS_KEY, Sample
 
 
 def _stats(values: Sequence[float], name_of) -> dict[str, float]:
@@ -63,7 +63,44 @@ def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
             flag_counts[flag] += 1
     for flag, count in sorted(flag_counts.items()):
         out[names.flag_frac(names.segment(flag))] = count / len(samples)
+    out.update(reward_function_metrics(samples))
+    correlation = proxy_correlation(samples)
+    if correlation is not None:
+        out[names.HACK_PROXY_CORR] = correlation
     return out
+
+
+def reward_function_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """The step's mean of each documented per-sample metric the reward functions reported
+    (``Sample.info["reward_metrics"]``, e.g. ``judge/failed_frac``), over the samples that carry it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        for name, value in s.info.get(REWARD_METRICS_KEY, {}).items():
+            if names.spec_of(name) is not None:  # the rubric's own bookkeeping stays out of the step's metrics
+                values[name].append(value)
+    return {name: float(np.mean(vals)) for name, vals in sorted(values.items())}
+
+
+LEARNED_SOURCES = ("judge", "reward_model")
+VERIFIABLE_SOURCES = ("math", "code")
+
+
+def proxy_correlation(samples: Sequence[Sample]) -> float | None:
+    """Pearson correlation of the learned and the verifiable reward sources' sums (``hack/proxy_corr``).
+
+    None unless every sample carries both kinds and both vary over the step (a correlation needs spread).
+    """
+    learned, verifiable = [], []
+    for s in samples:
+        lv = [s.rewards[k] for k in LEARNED_SOURCES if k in s.rewards]
+        vv = [s.rewards[k] for k in VERIFIABLE_SOURCES if k in s.rewards]
+        if not lv or not vv:
+            return None
+        learned.append(sum(lv))
+        verifiable.append(sum(vv))
+    if len(samples) < 2 or np.std(learned) == 0 or np.std(verifiable) == 0:
+        return None
+    return float(np.corrcoef(learned, verifiable)[0, 1])
 
 
 def staleness_metrics(samples: Iterable[Sample], trainer_version: int, num_dropped: int = 0) -> dict[str, float]:

@@ -76,6 +76,17 @@ EPISODE_TOOL_CALLS_MEAN = _spec("episode/tool_calls_mean", "Mean number of tool 
 FLAGS_FRAC = _spec("flags/frac", "Fraction of samples carrying at least one reward-hacking/sanity flag.", "fraction")
 _spec("flags/<flag>_frac", "Fraction of samples carrying this flag.", "fraction")
 
+# --- served reward models (per-sample values a reward function reports, averaged over the step's samples that have one) ---
+JUDGE_FAILED_FRAC = _spec("judge/failed_frac", "Fraction of judged samples for which the judge gave no verdict on any try "
+                          "(reward.judge.default_score was used).", "fraction")
+JUDGE_SCORE_MASS = _spec("judge/score_mass", "reward.judge.scoring=expected: mean probability the judge put on the scale's integers "
+                         "as its next token (near 0: the judge is not answering the question asked).", "fraction")
+HACK_PROXY_CORR = _spec(
+    "hack/proxy_corr", "Pearson correlation over the step's samples between the learned rewards (sources judge, reward_model) and "
+    "the verifiable ones (math, code), when a step has both; falling to 0 or below while the learned reward rises: the policy "
+    "pleases the model, not the task.", "correlation",
+)
+
 # --- trainer ---
 ADVANTAGE_MEAN = _spec("advantage/mean", "Mean advantage over policy tokens (about 0 for group-normalised estimators).", emitted_by="trainer")
 ADVANTAGE_STD = _spec("advantage/std", "Std of advantages over policy tokens; 0 means no learning signal.", emitted_by="trainer")

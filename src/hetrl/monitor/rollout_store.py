@@ -259,16 +259,24 @@ class _OpenFile:
                 else:
                     yield from obj.values()
 
+    # A file written before a field existed (v1 had no routing) reads as if every row left it empty.
+
     def column(self, name: str) -> np.ndarray:
+        if f"samples/{name}" not in self.f:
+            return np.zeros(self.num, dtype=_COLUMNS[name])
         return self.f[f"samples/{name}"][: self.num]
 
     def ends(self, field_name: str) -> np.ndarray:
+        if f"ragged/{field_name}" not in self.f:
+            return np.zeros(self.num, dtype=np.int64)
         return self.f[f"ragged/{field_name}/end"][: self.num]
 
     def ragged(self, field_name: str, index: int, ends: dict[str, np.ndarray]) -> np.ndarray:
         owner = _TOKEN_FIELDS[field_name][1] if field_name in _TOKEN_FIELDS else field_name
         end = ends[owner]
         start = int(end[index - 1]) if index else 0
+        if f"ragged/{field_name}" not in self.f:
+            return np.zeros(0, dtype=_TOKEN_FIELDS[field_name][0] if field_name in _TOKEN_FIELDS else np.uint8)
         return self.f[f"ragged/{field_name}/values"][start : int(end[index])]
 
     def strings(self, field_name: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hetrl.types import Sample
+from hetrl.types import CONVERSATION_KEY, REWARD_METRICS_KEY, Sample
 
 
 @dataclass
@@ -28,10 +28,11 @@ class RewardOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
 
     def apply_to(self, sample: Sample) -> Sample:
-        """Write the outcome into the shared record (rewards, reward, flags)."""
+        """Write the outcome into the shared record (rewards, reward, flags, the functions' metrics)."""
         sample.rewards = dict(self.per_source)
         sample.reward = self.total
         sample.flags = sorted(set(sample.flags) | set(self.flags))
+        sample.info[REWARD_METRICS_KEY] = dict(self.metrics)
         return sample
 
 
@@ -44,3 +45,27 @@ def as_value(result: float | RewardValue) -> RewardValue:
     if isinstance(result, bool) or not isinstance(result, (int, float)):
         raise TypeError(f"a reward function must return a float or RewardValue, got {type(result).__name__}")
     return RewardValue(float(result))
+
+
+def conversation(sample: Sample) -> list[dict[str, str]]:
+    """The episode as text chat messages: what a judge or a reward model reads.
+
+    The episode runner records it; a sample made elsewhere falls back to its decoded prompt and
+    completion (chat-template markup included).
+    """
+    messages = sample.info.get(CONVERSATION_KEY)
+    if messages:
+        return messages
+    return [{"role": "user", "content": sample.prompt_text}, {"role": "assistant", "content": sample.completion_text}]
+
+
+def prompt_and_response(sample: Sample) -> tuple[str, str]:
+    """What was asked (every message before the policy's first turn) and what the policy answered:
+    its turn, or for a multi-turn episode the rest of the conversation with each message's role."""
+    messages = conversation(sample)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    asked, answered = messages[:first], messages[first:]
+    prompt = "\n\n".join(m["content"] for m in asked)
+    if len(answered) == 1:
+        return prompt, answered[0]["content"]
+    return prompt, "\n\n".join(f"[{m['role']}] {m['content']}" for m in answered)

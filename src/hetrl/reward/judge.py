@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from hetrl.config.reward import JudgeConfig
-from hetrl.reward.base import RewardValue
+from hetrl.reward.base import RewardValue, prompt_and_response
 from hetrl.reward.hacking import JUDGE_INJECTION
 from hetrl.reward.serving import Completion, CompletionResult
 from hetrl.types import Sample
@@ -298,8 +298,8 @@ class JudgeReward:
         self.pipeline = JudgePipeline(reward_server.judge, judge_config)
 
     def __call__(self, sample: Sample) -> RewardValue:
-        v = self.pipeline.judge(sample.prompt_text, sample.completion_text)
-        metrics = {"judge/failures": float(v.failed), "judge/attempts": float(v.attempts)}
+        v = self.pipeline.judge(*prompt_and_response(sample))
+        metrics = {"judge/failed_frac": float(v.failed)}  # averaged over the step's samples: a fraction
         if self.pipeline.config.scoring == "expected" and not v.failed and v.attempts:
             metrics["judge/score_mass"] = v.score_mass
         return RewardValue(v.score, v.flags, metrics)

@@ -9,9 +9,9 @@ the policy's.
   of tokens to write and how many next-token candidates to return, so one engine serves both
   ``reward.judge.scoring`` modes: ``verdict`` (write a reason and ``<score>N</score>``) and
   ``expected`` (the prompt ends in ``<score>``; the candidates' probabilities give the score).
-* :class:`RewardModelScorer` scores (prompt, response) pairs: the pair goes through the reward
-  model's chat template (user turn, assistant turn), keeps its last ``max_length`` tokens (the
-  response is what is judged) and logit 0 of the classification head is the reward.
+* :class:`RewardModelScorer` scores conversations (text chat messages): each goes through the
+  reward model's chat template, keeps its last ``max_length`` tokens (the response is what is
+  judged) and logit 0 of the classification head is the reward.
 """
 
 from __future__ import annotations
@@ -129,11 +129,11 @@ class RewardModelScorer:
         self.model.config.pad_token_id = self.pad_id  # HF's classifier pools at the last non-pad token
         self.device, self.config = device, config
 
-    def score(self, pairs: list[tuple[str, str]]) -> list[float]:
-        """Logit 0 per (prompt, response), in batches of ``reward.reward_model.batch_size``."""
+    def score(self, conversations: list[list[dict[str, str]]]) -> list[float]:
+        """Logit 0 per conversation, in batches of ``reward.reward_model.batch_size``."""
         sequences = []
-        for prompt, response in pairs:
-            text = chat_text(self.tokenizer, [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], False)
+        for messages in conversations:
+            text = chat_text(self.tokenizer, messages, add_generation_prompt=False)
             sequences.append(self.tokenizer.encode(text, add_special_tokens=False)[-self.config.max_length:] or [self.pad_id])
         scores: list[float] = []
         for start in range(0, len(sequences), self.config.batch_size):
