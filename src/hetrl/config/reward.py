@@ -65,7 +65,11 @@ class SandboxLimits(Section):
 
 class SandboxConfig(Section):
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Default per-execution limits.")
-    workers: int = Field(2, ge=1, description="Concurrent sandboxed executions per reward worker process.")
+    workers: int = Field(
+        4, ge=1,
+        description="Sandboxed programs run at once per process (a reward rank's code tests, an env rank's or rollout rank's episodes); "
+        "as many as reward.workers, so no scoring thread waits for a slot held by a program running into its limits.",
+    )
     python: str = Field("/usr/bin/python3", description="Interpreter used inside the sandbox (must live under a read-only bound path).")
     ro_binds: list[str] = Field(
         default_factory=lambda: ["/usr", "/lib", "/lib64", "/bin", "/etc/alternatives"],

@@ -7,6 +7,10 @@ method so that tests and other backends (a remote sandbox service) can stand in 
 
 Results are ``hetrl.sandbox.sandbox.ExecutionResult`` records; a runner never raises because of what
 the program did.
+
+Settings: the environments' sandbox follows the recipe's ``reward.sandbox`` (limits, workers,
+python, ro_binds, allow_unisolated, seccomp, uid_base), the same section the code reward reads:
+the roles hand it to ``hetrl.env.registry.env_factory``, whose process-wide runner is built from it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the sandbox is imported lazily: building an env config must not probe bwrap
+    from hetrl.config.reward import SandboxConfig
     from hetrl.sandbox.pool import SandboxPool
     from hetrl.sandbox.sandbox import ExecutionResult
 
@@ -40,14 +45,15 @@ class SandboxRunner:
     the event loop free for the other episodes.
     """
 
-    def __init__(self, pool: "SandboxPool | None" = None, **pool_options: Any) -> None:
+    def __init__(self, pool: "SandboxPool | None" = None, config: "SandboxConfig | None" = None, **pool_options: Any) -> None:
+        """Over ``pool``, or a pool built from ``config`` (a ``SandboxConfig``) or from ``pool_options`` (its fields)."""
+        if (pool is not None) + (config is not None) + bool(pool_options) > 1:
+            raise ValueError("pass one of a SandboxPool, a SandboxConfig or options to build one")
         if pool is None:
             from hetrl.config.reward import SandboxConfig
             from hetrl.sandbox.pool import SandboxPool
 
-            pool = SandboxPool(SandboxConfig(**pool_options))
-        elif pool_options:
-            raise ValueError("pass either a SandboxPool or options to build one, not both")
+            pool = SandboxPool(config if config is not None else SandboxConfig(**pool_options))
         self.pool = pool
 
     async def run(self, code=None, *, argv=None, files=None, stdin=None, channel=False) -> "ExecutionResult":
@@ -56,11 +62,6 @@ class SandboxRunner:
 
     def close(self) -> None:
         self.pool.close()
-
-
-def default_runner() -> SandboxRunner:
-    """The runner environments use when none is given: a sandbox pool with the default limits."""
-    return SandboxRunner()
 
 
 def describe_failure(result: "ExecutionResult", max_chars: int = 1500) -> str:

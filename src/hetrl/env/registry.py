@@ -7,12 +7,12 @@ line here (see docs/environments.md).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 from typing import Any, Callable
 
 from hetrl.config.env import EnvConfig, TaskSourceConfig
+from hetrl.config.reward import SandboxConfig
 from hetrl.env.base import Environment, Task
 from hetrl.env.execution import CodeRunner
 from hetrl.env.tasks.base import TaskSource, TaskStream
@@ -45,16 +45,29 @@ def _resolve(table: dict[str, str], name: str, kind: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-@functools.lru_cache(maxsize=1)
-def shared_runner() -> CodeRunner:
-    """One sandbox pool per process, shared by every episode that runs code."""
-    from hetrl.env.execution import default_runner
-
-    return default_runner()
+_shared: tuple[SandboxConfig, CodeRunner] | None = None  # this process's runner and the settings it was built with
 
 
-def env_factory(cfg: EnvConfig, runner: CodeRunner | None = None) -> Callable[[], Environment]:
-    """A zero-argument constructor of fresh environments (one per concurrent episode) for ``cfg``."""
+def shared_runner(sandbox: SandboxConfig) -> CodeRunner:
+    """One sandbox pool per process, shared by every episode that runs code, built with ``sandbox``
+    (the recipe's ``reward.sandbox``); asking for it with other settings later is an error, not ignored."""
+    global _shared
+    if _shared is None:
+        from hetrl.env.execution import SandboxRunner
+
+        _shared = (sandbox, SandboxRunner(config=sandbox))
+    elif _shared[0] != sandbox:
+        raise RuntimeError("this process's environment sandbox was built with other reward.sandbox settings; one pool serves "
+                           "every episode of a process")
+    return _shared[1]
+
+
+def env_factory(cfg: EnvConfig, runner: CodeRunner | None = None, sandbox: SandboxConfig | None = None) -> Callable[[], Environment]:
+    """A zero-argument constructor of fresh environments (one per concurrent episode) for ``cfg``.
+
+    Environments that run code use ``runner``, else the process's shared runner with the
+    ``sandbox`` settings (a run passes ``cfg.reward.sandbox``; None: the built-in defaults).
+    """
     cls = _resolve(ENVIRONMENTS, cfg.name, "environment")
     params = inspect.signature(cls).parameters
     unknown = sorted(set(cfg.options) - set(params) - {"runner", "system_prompt"})
@@ -66,15 +79,15 @@ def env_factory(cfg: EnvConfig, runner: CodeRunner | None = None) -> Callable[[]
 
     def make() -> Environment:
         if needs_runner:  # resolved per call, so a config-only process never starts a sandbox pool
-            return cls(runner=runner or shared_runner(), **kwargs)
+            return cls(runner=runner or shared_runner(sandbox or SandboxConfig()), **kwargs)
         return cls(**kwargs)
 
     return make
 
 
-def build_env(cfg: EnvConfig, runner: CodeRunner | None = None) -> Environment:
+def build_env(cfg: EnvConfig, runner: CodeRunner | None = None, sandbox: SandboxConfig | None = None) -> Environment:
     """One environment instance for ``cfg`` (code-running ones share ``runner`` or the process's pool)."""
-    return env_factory(cfg, runner)()
+    return env_factory(cfg, runner, sandbox)()
 
 
 def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:

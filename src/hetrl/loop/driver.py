@@ -39,7 +39,7 @@ def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, str
     """Warm-start demonstrations: the environment's own prompt, the reference answer as completion."""
     from hetrl.env.registry import build_env
 
-    env = build_env(cfg.env)
+    env = build_env(cfg.env, sandbox=cfg.reward.sandbox)
     groups = []
     for index in range(count):
         task, seed = stream.next()

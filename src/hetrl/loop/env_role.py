@@ -192,7 +192,7 @@ def run_env(ctx: RoleContext, cfg: HetrlConfig) -> None:
     from hetrl.env.registry import env_factory
 
     crash = Countdown(env_faults(os.environ.get(ENV_FAULT_VAR)), "env", ctx.assignment.role_rank, "env_crash")
-    asyncio.run(EnvServer(ctx, env_factory(cfg.env), crash).run())
+    asyncio.run(EnvServer(ctx, env_factory(cfg.env, sandbox=cfg.reward.sandbox), crash).run())
 
 
 # ---------------------------------------------------------------------------------------- client

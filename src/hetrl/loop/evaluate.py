@@ -109,7 +109,7 @@ async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[t
     from hetrl.env.registry import env_factory
     from hetrl.env.runner import run_episode
 
-    make_env = env_factory(cfg.env)
+    make_env = env_factory(cfg.env, sandbox=cfg.reward.sandbox)
     waiting: dict[str, asyncio.Future] = {}
     request_ids = itertools.count()
 

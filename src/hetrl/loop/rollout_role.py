@@ -63,7 +63,7 @@ class RolloutWorker:
             from hetrl.loop.env_role import EnvRoleClient
 
             self.env_client = EnvRoleClient(ctx)
-        self.make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env)
+        self.make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
         self._finished: list[Sample] = []

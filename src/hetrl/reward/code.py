@@ -140,9 +140,18 @@ class CodeReward:
     """Reward function: fraction of the sample's tests passed (0 on any hack flag)."""
 
     def __init__(self, sandbox_pool: SandboxPool | None = None, limits: dict[str, Any] | None = None, static_scan: bool = True) -> None:
+        """``sandbox_pool``: the rubric's pool, built from the recipe's ``reward.sandbox`` (see
+        ``Rubric.from_config``); without one (direct use) a pool with the default settings is built
+        here and closed by ``close``. ``limits`` overrides some of the pool's limits for this function."""
+        self._owns_pool = sandbox_pool is None
         self._pool = sandbox_pool or SandboxPool(SandboxConfig())
-        self.limits = SandboxLimits(**limits) if limits else self._pool.config.limits
+        base = self._pool.config.limits
+        self.limits = SandboxLimits(**{**base.model_dump(), **limits}) if limits else base  # unnamed ones stay the recipe's
         self.static_scan = static_scan
+
+    def close(self) -> None:
+        if self._owns_pool:
+            self._pool.close()
 
     def __call__(self, sample: Sample) -> RewardValue:
         code = extract_code(sample.completion_text)

@@ -2,7 +2,10 @@
 
 Function names resolve through ``REWARD_ALLOWLIST`` (config/reward.py) and are imported only when
 used. Objects a recipe cannot express (a sandbox pool, a judge's generate function, a reward-model
-server) are passed as ``resources`` and handed to the factories whose signature names them.
+server) are passed as ``resources`` and handed to the factories whose signature names them. The one
+resource a rubric builds itself is the sandbox pool: when a function takes ``sandbox_pool`` (``code``)
+and the caller supplied none, ``from_config`` builds ONE ``SandboxPool(config.sandbox)`` -- the
+recipe's ``reward.sandbox.*`` -- shares it between those functions and closes it in ``close``.
 
 Invariants of ``score`` (it never raises): a source that errors scores 0 with flag
 ``reward/error:<source>``; a nan/inf or out-of-range value scores 0 with a ``hack/`` flag; any
@@ -46,19 +49,45 @@ def _construct(factory: Any, kwargs: dict[str, Any], resources: dict[str, Any]) 
     return factory(**kwargs, **wanted)
 
 
+def _takes(factory: Any, name: str) -> bool:
+    return name in inspect.signature(factory).parameters
+
+
 class Rubric:
-    def __init__(self, functions: list[WeightedFn], clip_min: float = -10.0, clip_max: float = 10.0) -> None:
+    def __init__(self, functions: list[WeightedFn], clip_min: float = -10.0, clip_max: float = 10.0,
+                 owned: list[Any] | None = None) -> None:
         sources = [f.source for f in functions]
         if len(set(sources)) != len(sources):
             raise ValueError(f"reward sources must be unique (set `source:` to use a function twice), got {sources}")
         self.functions = functions
         self.clip_min, self.clip_max = clip_min, clip_max
+        self.owned = list(owned or [])  # resources this rubric built (its sandbox pool): closed in ``close``
+
+    @property
+    def sandbox_pool(self) -> Any:
+        """The sandbox pool this rubric built from ``reward.sandbox`` (None if it built none)."""
+        from hetrl.sandbox.pool import SandboxPool
+
+        return next((r for r in self.owned if isinstance(r, SandboxPool)), None)
 
     @classmethod
     def from_config(cls, config: RewardConfig, resources: dict[str, Any] | None = None) -> "Rubric":
         resources = {"timeout_s": config.math_timeout_s, **(resources or {})}
-        fns = [WeightedFn(f.resolved_source, _construct(resolve(f.name), f.kwargs, resources), f.weight) for f in config.functions]
-        return cls(fns, config.clip_min, config.clip_max)
+        factories = [(f, resolve(f.name)) for f in config.functions]
+        owned: list[Any] = []
+        try:
+            if "sandbox_pool" not in resources and any(_takes(factory, "sandbox_pool") and "sandbox_pool" not in f.kwargs
+                                                       for f, factory in factories):
+                from hetrl.sandbox.pool import SandboxPool
+
+                resources["sandbox_pool"] = SandboxPool(config.sandbox)
+                owned.append(resources["sandbox_pool"])
+            fns = [WeightedFn(f.resolved_source, _construct(factory, f.kwargs, resources), f.weight) for f, factory in factories]
+        except BaseException:
+            for resource in owned:
+                resource.close()
+            raise
+        return cls(fns, config.clip_min, config.clip_max, owned)
 
     def score(self, sample: Sample) -> RewardOutcome:
         per_source: dict[str, float] = {}
@@ -90,3 +119,6 @@ class Rubric:
             close = getattr(wf.fn, "close", None)
             if callable(close):
                 close()
+        owned, self.owned = self.owned, []
+        for resource in owned:
+            resource.close()

@@ -105,6 +105,47 @@ def _namespace_init(streams: dict[str, bytes]) -> int | None:
         return None
 
 
+_OWN_MOUNTS = ("/proc", "/dev", "/tmp", WORKDIR)
+
+
+def _under(path: str, root: str) -> bool:
+    path, root = os.path.normpath(path), os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _under_own_mount(path: str) -> bool:
+    return any(_under(path, mount) for mount in _OWN_MOUNTS)
+
+
+def check_binds(config: SandboxConfig) -> None:
+    """Refuse a bind that would replace one of the sandbox's own mounts (its private /tmp, /work, /proc, /dev)."""
+    clash = [b for b in config.ro_binds if any(os.path.normpath(b) == mount for mount in _OWN_MOUNTS)]
+    if clash:
+        raise ValueError(f"reward.sandbox.ro_binds {clash} would replace the sandbox's own {', '.join(_OWN_MOUNTS)}: "
+                         "bind a path inside them instead")
+
+
+def check_python(config: SandboxConfig, isolation: IsolationReport) -> str:
+    """``config.python`` if it can run in this sandbox; otherwise a ValueError naming the key and why.
+
+    Caught here, a wrong interpreter fails the run at start instead of scoring every program 0.
+    Under isolation the path (and its target, if a link) must lie under one of ``ro_binds``.
+    """
+    python = config.python
+    where = f"reward.sandbox.python={python!r}"
+    if not os.path.isabs(python):
+        raise ValueError(f"{where} must be an absolute path")
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ValueError(f"{where}: no executable file there on this host")
+    if isolation.isolated:
+        binds = [b for b in config.ro_binds if os.path.lexists(b)]
+        real_binds = [os.path.realpath(b) for b in binds]
+        if not any(_under(python, b) for b in binds) or not any(_under(os.path.realpath(python), b) for b in real_binds):
+            raise ValueError(f"{where} is not visible inside the sandbox: it (and {os.path.realpath(python)!r}) must lie "
+                             f"under one of reward.sandbox.ro_binds={list(config.ro_binds)}")
+    return python
+
+
 class Sandbox:
     """One execution slot. Thread-compatible: one ``run`` at a time per instance (the pool ensures it)."""
 
@@ -114,7 +155,8 @@ class Sandbox:
         require_isolation(self.isolation, self.config.allow_unisolated)
         self._seccomp = build_filter() if self.config.seccomp and self.isolation.seccomp else None
         self._uid = self.config.uid_base + slot if self.isolation.per_slot_uid else None
-        self._python = self.config.python
+        check_binds(self.config)
+        self._python = check_python(self.config, self.isolation)
 
     def run(
         self,
@@ -156,7 +198,7 @@ class Sandbox:
             f"--nproc={nproc}", f"--nofile={limits.max_open_files}", f"--fsize={limits.max_file_bytes}", "--core=0", "--",
         ]
 
-    def _execute(self, argv, files, ro_files, stdin, limits, channel) -> ExecutionResult:
+    def _execute(self, argv, files, ro_files, stdin, limits: SandboxLimits, channel: bool) -> ExecutionResult:
         fds: list[int] = []
         extra: dict[str, int] = {}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -187,7 +229,7 @@ class Sandbox:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         return self._interpret(raw, limits)
 
-    def _bwrap_argv(self, files, ro_files, env, limits, fds: list[int]) -> list[str]:
+    def _bwrap_argv(self, files, ro_files, env, limits: SandboxLimits, fds: list[int]) -> list[str]:
         size = str(limits.tmpfs_mb * _MIB)
         # fds[0] is the info pipe (made first). --as-pid-1: the program is the namespace init, so
         # outer bwrap reaps it (bwrap's own reaper would be orphaned to the host's init as a zombie).
@@ -195,8 +237,13 @@ class Sandbox:
         cmd += ["--die-with-parent", "--as-pid-1", "--new-session", "--clearenv"]
         for key, value in env.items():
             cmd += ["--setenv", key, value]
-        cmd += bind_args(self.config.ro_binds)
+        # A bind inside one of the sandbox's own mounts (/proc, /dev, /tmp, /work) goes after that
+        # mount, or the mount would hide it; every other bind goes first, so a bind of a parent
+        # (say /) cannot cover the private /tmp and /work.
+        inner = [b for b in self.config.ro_binds if _under_own_mount(b)]
+        cmd += bind_args([b for b in self.config.ro_binds if b not in inner])
         cmd += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+        cmd += bind_args(inner)
         dirs = sorted({os.path.dirname(n) for n in [*files, *ro_files] if "/" in n})
         for d in dirs:
             cmd += ["--dir", f"{WORKDIR}/{d}"]

@@ -1,0 +1,84 @@
+"""Run under ``mpiexec -n 3``: two reward-server replicas (ranks 0, 1) and one reward worker (rank 2).
+
+The replicas hold a scripted judge that answers ``"<rank>:<prompt>"``, sleeps on prompts holding
+"slow" (on rank 0 only) or "stuck" (on both), and raises on "crash" (rank 0 only). The worker asks
+from many threads at once, as its scoring threads do, and prints one JSON line of what it saw.
+"""
+
+import json
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+from mpi4py import MPI
+
+from hetrl.control.comm import flush_sends
+from hetrl.loop.faults import Countdown
+from hetrl.loop.reward_server_role import JUDGE, RewardServer, RewardServerClient
+from hetrl.reward.serving import Completion, CompletionResult
+
+TIMEOUT_S = 1.0
+
+
+class ScriptedJudge:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.batches = rank, []
+
+    def complete(self, requests: list[Completion]) -> list[CompletionResult]:
+        self.batches.append(len(requests))
+        prompts = [r.prompt for r in requests]
+        if self.rank == 0 and any("crash" in p for p in prompts):
+            raise RuntimeError("the judge engine died")
+        if any("stuck" in p for p in prompts) or (self.rank == 0 and any("slow" in p for p in prompts)):
+            time.sleep(2.5 * TIMEOUT_S)
+        return [CompletionResult(f"{self.rank}:{p}") for p in prompts]
+
+
+def context(world) -> SimpleNamespace:
+    roles = {"reward_server": [0, 1], "reward": [2]}
+    return SimpleNamespace(world=world, plan=SimpleNamespace(ranks_of=lambda role: roles.get(role, [])))
+
+
+def ask_all(client: RewardServerClient, prompts: list[str]) -> dict[str, str]:
+    """Ask from one thread per prompt while this thread pumps, as a reward worker does."""
+    answers: dict[str, str] = {}
+
+    def ask(prompt: str) -> None:
+        try:
+            answers[prompt] = client.judge(Completion(prompt)).text
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            answers[prompt] = f"error: {error}"
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        client.pump()
+        time.sleep(0.001)
+    return answers
+
+
+def main() -> int:
+    world = MPI.COMM_WORLD
+    ctx = context(world)
+    if world.Get_rank() < 2:
+        judge = ScriptedJudge(world.Get_rank())
+        RewardServer(ctx, {JUDGE: judge}, Countdown([], "reward_server", world.Get_rank(), "server_crash")).run()
+        print(json.dumps({"rank": world.Get_rank(), "batches": judge.batches}), flush=True)
+        flush_sends()
+        return 0
+    client = RewardServerClient(ctx, timeout_s=TIMEOUT_S, max_attempts=2)
+    seen = {"many": ask_all(client, [f"q{i}" for i in range(16)])}
+    seen["slow"] = ask_all(client, ["slow"])
+    seen["stuck"] = ask_all(client, ["stuck"])
+    seen["crash"] = ask_all(client, ["crash", "after"])
+    seen["retried"] = client.num_retried
+    client.close()
+    print(json.dumps(seen), flush=True)
+    flush_sends()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
