@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ("moe_grpo", ["nodes=128", "warm_start.steps=1", "warm_start.batch_size=64"], "warm_start.batch_size=64 cannot feed the trainer's 128 data-parallel ranks"),
         ("moe_grpo", ["model.moe_router_topk=1"], "moe_router_topk=1: .*use moe_router_topk >= 2"),
         ("tiny_grpo", ["model.vocab_size=64"], "model.vocab_size=64 is smaller than the built-in character tokenizer.*>= 101"),
-        # what CPU-only profiles cannot do (trainer/parallel.py check_layout, megatron's MoELayer, CUDA IPC)
+        # what CPU-only profiles cannot do (trainer/parallel.py check_layout, transformer-engine, CUDA IPC); sequence
+        # parallelism they can, so MoE under TP needs it there as on GPUs (megatron's MoELayer)
         ("tiny_grpo", ["trainer.precision=bf16"], "trainer.precision='bf16' on a CPU-only cluster profile"),
-        ("tiny_grpo", ["trainer.tensor_parallel=2", "trainer.sequence_parallel=true"], "sequence_parallel=true on a CPU-only.*set trainer.sequence_parallel=false"),
         ("tiny_grpo", ["trainer.transformer_impl=transformer_engine"], "transformer_impl=transformer_engine on a CPU-only.*use auto or local"),
-        ("tiny_grpo", ["model=tiny_qwen3_moe", "trainer.tensor_parallel=2"], "tensor_parallel=2 with an MoE model on a CPU-only.*use trainer.tensor_parallel=1"),
+        ("tiny_grpo", ["model=tiny_qwen3_moe", "trainer.tensor_parallel=2"], "tensor_parallel=2 with an MoE model needs trainer.sequence_parallel=true"),
         ("tiny_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc on a CPU-only.*use auto, collective or filesystem"),
         ("dense_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc needs the job's only engine colocated.*placement=disaggregated"),
         # engines (vLLM refuses a context beyond the checkpoint's; rollout/engine.py core lists)

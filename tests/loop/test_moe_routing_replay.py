@@ -57,10 +57,12 @@ def test_routing_replay_removes_the_routing_mismatch(tmp_path, moe_checkpoint):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["trainer.pipeline_parallel=2", "trainer.expert_parallel=2"])
+@pytest.mark.parametrize("layout", ["trainer.pipeline_parallel=2", "trainer.expert_parallel=2",
+                                    "trainer.tensor_parallel=2 trainer.sequence_parallel=true"])
 def test_routing_replay_under_trainer_layouts(tmp_path, moe_checkpoint, layout):
-    """Each pipeline stage replays its own layers; each expert-parallel rank routes its own samples' tokens."""
-    replayed = _run(tmp_path, moe_checkpoint, layout)
+    """Each pipeline stage replays its own layers; each expert-parallel rank routes its own samples' tokens; under
+    TP with sequence parallelism (which megatron's MoE layers need) each TP rank routes its share of the sequence."""
+    replayed = _run(tmp_path, moe_checkpoint, *layout.split())
     assert len(replayed) == 3
     # The replayed level of a one-rank trainer (~2e-4 on this checkpoint); a misplaced row would be ~5e-3.
     assert statistics.median(step["mismatch/k3_kl"] for step in replayed) < 1e-3

@@ -47,20 +47,22 @@ def _layouts(rank: int, world_size: int) -> dict:
     return {
         "dp2": _ppo_steps(BASE),
         "tp2": _ppo_steps(BASE.model_copy(update={"tensor_parallel": 2})),
+        "tp2_sp": _ppo_steps(BASE.model_copy(update={"tensor_parallel": 2, "sequence_parallel": True})),
         "pp2": _ppo_steps(BASE.model_copy(update={"pipeline_parallel": 2})),
         "cp2": _ppo_steps(BASE.model_copy(update={"context_parallel": 2})),
     }
 
 
 def test_ppo_step_with_critic_reproduces_across_layouts(two_ranks) -> None:
-    """TP=2, PP=2 and CP=2 reproduce DP=2 within 1e-5: the values, the value loss and the policy."""
+    """TP=2 (with and without sequence parallelism), PP=2 and CP=2 reproduce DP=2 within 1e-5: the values, the value
+    loss and the policy."""
     results = two_ranks.run(_layouts)
     base = results[0]["dp2"]
     first, second = base["history"]
     assert first["loss/value"] > 0 and first["critic/grad_norm"] > 0
     assert second["loss/value"] < first["loss/value"]  # the critic learns the returns
     assert abs(first["advantage/mean"]) < 1e-5 and first["advantage/std"] > 0.5  # whitened GAE
-    for layout in ("tp2", "pp2", "cp2"):
+    for layout in ("tp2", "tp2_sp", "pp2", "cp2"):
         for rank_result in results:
             run = rank_result[layout]
             for step, (got, want) in enumerate(zip(run["history"], base["history"])):

@@ -57,19 +57,15 @@ class HetrlConfig(Section):
 
 
 def _check_cpu_profile(cfg: HetrlConfig) -> None:
-    """What the trainer and the transports refuse without a GPU (trainer/parallel.py check_layout, ...)."""
+    """What the trainer and the transports refuse without a GPU (trainer/parallel.py check_layout, ...).
+
+    Sequence parallelism (and so MoE under TP, which needs it: ``_check_model_layout``) runs on CPU: the local
+    spec's norms are hetrl's (trainer/model.py ``TorchNorm``), which allow it."""
     t, cpu = cfg.trainer, "on a CPU-only cluster profile (cluster.gpus_per_node=0)"
     if t.precision != "fp32":
         raise ValueError(f"trainer.precision={t.precision!r} {cpu}: use trainer.precision=fp32")
-    if t.sequence_parallel:
-        raise ValueError(f"trainer.sequence_parallel=true {cpu}: megatron's CPU LayerNorm path lacks it; set trainer.sequence_parallel=false")
     if t.transformer_impl == "transformer_engine":
         raise ValueError(f"trainer.transformer_impl=transformer_engine {cpu}: transformer-engine needs a GPU; use auto or local")
-    if cfg.model.is_moe and t.tensor_parallel > 1:
-        # megatron's MoELayer refuses to train under TP without sequence parallelism, which CPU runs lack.
-        raise ValueError(f"trainer.tensor_parallel={t.tensor_parallel} with an MoE model {cpu}: megatron trains MoE layers under "
-                         "tensor parallelism only with trainer.sequence_parallel, which CPU runs lack; use trainer.tensor_parallel=1 "
-                         "(and trainer.expert_parallel to split the experts)")
     if cfg.rollout.weight_sync == "ipc":
         raise ValueError(f"rollout.weight_sync=ipc {cpu}: CUDA IPC needs GPUs; use auto, collective or filesystem")
 

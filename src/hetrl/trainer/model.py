@@ -15,7 +15,8 @@ The layer implementation is megatron's local spec on CPU and transformer-engine'
 is installed (``trainer.transformer_impl``); the local spec's core attention is ours
 (``hetrl.trainer.context_parallel.AllGatherAttention``: torch's scaled-dot-product attention,
 fused kernels where no mask is needed, and context parallelism, which megatron's local attention
-lacks). The model is built for this rank's pipeline stage
+lacks), and so are its norms (:class:`TorchNorm`: torch's, with sequence parallelism, which
+megatron's local norm refuses and its MoE layers need under TP). The model is built for this rank's pipeline stage
 (``pre_process``/``post_process``) and shards (TP/EP), on this rank's device, in the trainer's
 precision.
 
@@ -170,7 +171,7 @@ def build_gpt_model(
         config, use_transformer_engine=with_te, normalization="RMSNorm", pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
     if not with_te:
-        block_spec = _with_core_attention(block_spec, AllGatherAttention)
+        block_spec = _local_block_spec(block_spec, AllGatherAttention)
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec,
@@ -241,18 +242,65 @@ def _batch_first_logits(output_layer: torch.nn.Module) -> None:
     output_layer.register_forward_hook(sequence_first_view)
 
 
-def _with_core_attention(block_spec, core_attention: type):  # noqa: ANN001, ANN202 - megatron spec types
-    """The local block spec with every layer's core attention replaced (specs are shared: copy, never mutate).
+class TorchNorm:
+    """megatron's ``WrappedTorchNorm`` (torch's ``RMSNorm``/``LayerNorm``), with sequence parallelism allowed.
+
+    The local spec's norm (no apex, no transformer-engine) asserts ``not config.sequence_parallel``,
+    though a norm is per token and computes the same on a sequence shard. What sequence parallelism
+    does need is the gradient of the norm's weight: each TP rank sees only its share of the tokens,
+    so its gradient is a partial sum. Like apex's ``FusedLayerNorm`` and transformer-engine's norms,
+    this one tags its parameters ``sequence_parallel``, which is what megatron's
+    ``finalize_model_grads`` all-reduces over TP (``_allreduce_non_tensor_model_parallel_grads``).
+    """
+
+    tags_sequence_parallel = True
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,  # noqa: ANN001 - megatron's config
+                zero_centered_gamma: bool = False, normalization: str = "LayerNorm") -> torch.nn.Module:
+        if config.layernorm_zero_centered_gamma or config.memory_efficient_layer_norm:
+            raise ValueError("hetrl's local norm has no zero-centred gamma or memory-efficient mode")
+        norms = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
+        if config.normalization not in norms:
+            raise ValueError(f"hetrl's local norm builds {sorted(norms)}, not {config.normalization!r}")
+        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = cls.tags_sequence_parallel and config.sequence_parallel
+        return norm
+
+
+class HeadNorm(TorchNorm):
+    """:class:`TorchNorm` on each query/key head (qk-norm). It runs after the QKV projection has gathered
+    the sequence, on every token and this rank's heads, so it is not sequence parallel: megatron
+    all-reduces its gradient over TP by name (``q_layernorm``/``k_layernorm``), with or without SP."""
+
+    tags_sequence_parallel = False
+
+
+def _local_block_spec(block_spec, core_attention: type):  # noqa: ANN001, ANN202 - megatron spec types
+    """The local block spec with hetrl's core attention and norms (specs are shared: copy, never mutate).
 
     megatron's local ``DotProductAttention`` refuses context parallelism and does not use torch's
     scaled-dot-product attention; :class:`hetrl.trainer.context_parallel.AllGatherAttention` does both.
+    Its torch norm refuses sequence parallelism (which megatron's MoE layers need under TP); every
+    norm becomes a :class:`TorchNorm` (:class:`HeadNorm` for qk-norm), which allows it.
     """
-    def swap(layer_spec):  # noqa: ANN001, ANN202
-        attention = layer_spec.submodules.self_attention
-        attention = replace(attention, submodules=replace(attention.submodules, core_attention=core_attention))
-        return replace(layer_spec, submodules=replace(layer_spec.submodules, self_attention=attention))
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    return replace(block_spec, layer_specs=[swap(spec) for spec in block_spec.layer_specs])
+    def norm(spec, local: type):  # noqa: ANN001, ANN202
+        return local if spec is WrappedTorchNorm else spec
+
+    def swap(layer_spec):  # noqa: ANN001, ANN202
+        layer = layer_spec.submodules
+        attention = layer.self_attention
+        attention = replace(attention, submodules=replace(
+            attention.submodules, core_attention=core_attention,
+            q_layernorm=norm(attention.submodules.q_layernorm, HeadNorm), k_layernorm=norm(attention.submodules.k_layernorm, HeadNorm)))
+        return replace(layer_spec, submodules=replace(
+            layer, self_attention=attention, input_layernorm=norm(layer.input_layernorm, TorchNorm),
+            pre_mlp_layernorm=norm(layer.pre_mlp_layernorm, TorchNorm)))
+
+    return replace(block_spec, layer_specs=[swap(spec) for spec in block_spec.layer_specs],
+                   layer_norm=norm(block_spec.layer_norm, TorchNorm))
 
 
 def global_param_name(local_name: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pp_rank: int, ep_rank: int) -> str:
