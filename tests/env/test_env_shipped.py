@@ -124,7 +124,7 @@ def test_multimodal_env_sends_images(codec):
 
 
 def test_build_env_allowlist_and_options(runner):
-    with pytest.raises(ValueError, match="valid names: code, math, multimodal, terminal, tool_math"):
+    with pytest.raises(ValueError, match="valid names: code, math, multimodal, screen, terminal, tool_math"):
         build_env(EnvConfig(name="os.system"))
     with pytest.raises(ValueError, match=r"not options of environment 'code'; valid: \['max_attempts'\]"):
         env_factory(EnvConfig(name="code", options={"retries": 2}))

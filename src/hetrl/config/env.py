@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from hetrl.config.base import Section
 
 # The keys of hetrl.env.registry's ENVIRONMENTS and TASK_SOURCES (a test keeps them equal).
-ENVIRONMENT_NAMES = ("code", "math", "multimodal", "terminal", "tool_math")
-TASK_SOURCE_NAMES = ("file", "file_ops", "human_eval", "reasoning_gym", "shapes")
+ENVIRONMENT_NAMES = ("code", "math", "multimodal", "screen", "terminal", "tool_math")
+TASK_SOURCE_NAMES = ("file", "file_ops", "human_eval", "reasoning_gym", "screen_tasks", "shapes")
 
 
 def _check_name(value: str, names: tuple[str, ...], kind: str) -> str:
@@ -30,11 +30,11 @@ def _check_name(value: str, names: tuple[str, ...], kind: str) -> str:
 class TaskSourceConfig(Section):
     source: str = Field(
         "reasoning_gym",
-        description="Task source: reasoning_gym, human_eval, file (JSONL/Parquet), file_ops (terminal tasks), shapes (image questions).",
+        description="Task source: reasoning_gym, human_eval, file (JSONL/Parquet), file_ops (terminal tasks), shapes (image questions), screen_tasks (GUI tasks).",
     )
     name: str = Field("basic_arithmetic", description="reasoning_gym dataset name (e.g. basic_arithmetic, countdown, gsm_symbolic).")
     path: str | None = Field(None, description="source=file: path of the JSONL or Parquet file.")
-    size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes): tasks to draw (the stream cycles through them, reshuffled per epoch).")
+    size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes, screen_tasks): tasks to draw (the stream cycles through them, reshuffled per epoch).")
     options: dict[str, Any] = Field(default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms).")
     answer_instruction: str | None = Field(
         None,
@@ -59,7 +59,7 @@ class TaskSourceConfig(Section):
 
 
 class EnvConfig(Section):
-    name: str = Field("math", description="Environment: math, code, tool_math, terminal, multimodal.")
+    name: str = Field("math", description="Environment: math, code, tool_math, terminal, multimodal, screen.")
     tasks: TaskSourceConfig = Field(default_factory=TaskSourceConfig, description="Training task source.")
     eval_tasks: TaskSourceConfig | None = Field(
         None,

@@ -27,6 +27,7 @@ ENVIRONMENTS: dict[str, str] = {
     "tool_math": "hetrl.env.envs.tool_use:ToolMathEnv",
     "terminal": "hetrl.env.envs.terminal:TerminalEnv",
     "multimodal": "hetrl.env.envs.multimodal:MultimodalEnv",
+    "screen": "hetrl.env.envs.screen:ScreenEnv",
 }
 
 TASK_SOURCES: dict[str, str] = {
@@ -35,6 +36,7 @@ TASK_SOURCES: dict[str, str] = {
     "file": "hetrl.env.tasks.files:FileSource",
     "file_ops": "hetrl.env.envs.terminal:FileOpsSource",
     "shapes": "hetrl.env.envs.multimodal:ShapesSource",
+    "screen_tasks": "hetrl.env.envs.screen:ScreenTaskSource",
 }
 
 
