@@ -22,7 +22,7 @@ def test_a_message_does_not_hold_its_receiver_while_the_sender_waits_elsewhere(t
 
 
 SHARE = """
-import signal, time
+import pathlib, signal, sys, time
 from mpi4py import MPI
 from hetrl.control.comm import share
 world = MPI.COMM_WORLD
@@ -34,15 +34,16 @@ if world.Get_rank() == 0:
     objects = [share(world, {"step": 7, "tokens": list(range(n))}) for n in (3, 300_000)]
 else:
     objects = [share(world) for _ in range(2)]
-print("OK", world.Get_rank(), [len(o["tokens"]) for o in objects], objects[0]["step"], handled[0] < 1.0, flush=True)
+line = f"OK {world.Get_rank()} {[len(o['tokens']) for o in objects]} {objects[0]['step']} {handled[0] < 1.0}"
+pathlib.Path(sys.argv[1], f"rank{world.Get_rank()}").write_text(line)  # a file each: mpiexec may interleave stdout mid-line
 """
 
 
-def test_share_hands_the_leaders_object_to_every_rank():
+def test_share_hands_the_leaders_object_to_every_rank(tmp_path):
     """The trainer leader's broadcast (small and large messages) reaches every rank whole, and a rank
     waiting in it still handles its signals then, not once the message came."""
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, "-c", SHARE],
+    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, "-c", SHARE, str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("OK")) == [
+    assert [(tmp_path / f"rank{rank}").read_text() for rank in range(3)] == [
         f"OK {rank} [3, 300000] 7 True" for rank in range(3)], proc.stdout

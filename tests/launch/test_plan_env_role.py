@@ -23,7 +23,7 @@ def test_local_plan_places_env_ranks_as_light_cpu_ranks(tmp_path):
     cfg = load_config("tiny_tool_grpo", [*ROLE, "cluster.env_workers_per_node=2"])
     plan = make_plan(cfg)
     check_consistent(plan)
-    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward": 1, "env": 2, "orchestrator": 1}
+    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward_server": 0, "reward": 1, "env": 2, "orchestrator": 1}
     assert plan.num_env_workers == 2 and "env" in plan.components[0].roles
     inline = load_config("tiny_tool_grpo")
     assert threads_per_role(cfg, plan)["env"] == 1  # env ranks do not take cores from trainer and engine
