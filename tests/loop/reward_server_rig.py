@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n 3``: two reward-server replicas (ranks 0, 1) and one reward worker (rank 2).
 
 The replicas hold a scripted judge that answers ``"<rank>:<prompt>"``, sleeps on prompts holding
-"slow" (on rank 0 only) or "stuck" (on both), and raises on "crash" (rank 0 only). The worker asks
+"slow" (on rank 0 only) or "stuck" (on both), raises on "crash" (rank 0 only: its batched forward
+failed) and answers "toolong" with that request's own error. The worker asks
 from many threads at once, as its scoring threads do, and prints one JSON line of what it saw.
 """
 
@@ -32,7 +33,7 @@ class ScriptedJudge:
             raise RuntimeError("the judge engine died")
         if any("stuck" in p for p in prompts) or (self.rank == 0 and any("slow" in p for p in prompts)):
             time.sleep(2.5 * TIMEOUT_S)
-        return [CompletionResult(f"{self.rank}:{p}") for p in prompts]
+        return [ValueError("too long for the judge") if "toolong" in p else CompletionResult(f"{self.rank}:{p}") for p in prompts]
 
 
 def context(world) -> SimpleNamespace:
@@ -70,10 +71,11 @@ def main() -> int:
         return 0
     client = RewardServerClient(ctx, timeout_s=TIMEOUT_S, max_attempts=2)
     seen = {"many": ask_all(client, [f"q{i}" for i in range(16)])}
+    seen["toolong"] = ask_all(client, ["toolong", "fine"])
     seen["slow"] = ask_all(client, ["slow"])
     seen["stuck"] = ask_all(client, ["stuck"])
     seen["crash"] = ask_all(client, ["crash", "after"])
-    seen["retried"] = client.num_retried
+    seen["resent"] = client.num_resent
     client.close()
     print(json.dumps(seen), flush=True)
     flush_sends()

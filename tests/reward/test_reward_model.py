@@ -68,3 +68,18 @@ def test_usable_as_a_weighted_reward_function(scorer):
     assert server.asked == [chat("What is 2+2?", "4")]  # the conversation, not the templated text
     assert out.total == pytest.approx(0.5 * 2.0 * scorer.score([chat("What is 2+2?", "4")])[0], abs=1e-6) and not out.flags
     assert isinstance(RewardModelReward(server), RewardModelReward)
+
+
+def test_a_conversation_the_template_refuses_is_its_own_error(scorer, monkeypatch):
+    template = scorer.tokenizer.apply_chat_template
+
+    def strict(messages, **kwargs):
+        if any(m["role"] == "tool" for m in messages):
+            raise ValueError("roles must alternate user/assistant")
+        return template(messages, **kwargs)
+
+    monkeypatch.setattr(scorer.tokenizer, "apply_chat_template", strict)
+    refused = [*PAIRS[0], {"role": "tool", "content": "ok"}]
+    results = scorer.score([PAIRS[0], refused, PAIRS[1]])
+    assert isinstance(results[1], ValueError) and results[0] == pytest.approx(scorer.score([PAIRS[0]])[0], abs=1e-5)
+    assert results[2] == pytest.approx(scorer.score([PAIRS[1]])[0], abs=1e-5)

@@ -150,7 +150,7 @@ def _peak_overlap(spans: list[tuple[float, float]]) -> int:
 def test_workers_is_how_many_run_at_once(workers):
     r = rubric({"workers": workers})
     try:
-        pool = r.sandbox_pool
+        [pool] = r.owned  # the one sandbox pool the rubric built
         assert pool.size == workers
         job = {"code": "import time\nt = time.time()\ntime.sleep(0.8)\nprint(t, time.time())\n"}
         results = pool.map([job] * (workers + 1))  # one more than the slots: the cap shows
@@ -175,10 +175,10 @@ def test_allow_unisolated_when_bwrap_is_missing(monkeypatch):
 
 
 def test_one_pool_shared_built_only_when_needed_and_closed():
-    assert Rubric.from_config(RewardConfig(functions=[{"name": "format"}])).sandbox_pool is None
+    assert Rubric.from_config(RewardConfig(functions=[{"name": "format"}])).owned == []
     config = RewardConfig(functions=[{"name": "code"}, {"name": "code", "source": "code2", "weight": 0.0}], sandbox={"workers": 3})
     r = Rubric.from_config(config)
-    pool = r.sandbox_pool
+    [pool] = r.owned
     assert pool.config == config.sandbox and {wf.fn._pool for wf in r.functions} == {pool}
     r.close()
     with pytest.raises(RuntimeError):  # closed with the rubric
@@ -188,7 +188,7 @@ def test_one_pool_shared_built_only_when_needed_and_closed():
 def test_a_supplied_pool_is_used_and_left_open():
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         r = Rubric.from_config(RewardConfig(functions=[{"name": "code"}]), resources={"sandbox_pool": pool})
-        assert r.sandbox_pool is None and r.functions[0].fn._pool is pool
+        assert r.owned == [] and r.functions[0].fn._pool is pool
         r.close()
         assert pool.submit("pass").result().success
 

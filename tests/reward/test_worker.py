@@ -5,6 +5,7 @@ import pytest
 
 from hetrl.config.reward import RewardConfig
 from hetrl.reward import ConcurrentScorer, Rubric
+from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.rubric import WeightedFn
 from hetrl.types import Sample
 
@@ -59,15 +60,26 @@ def test_samples_are_scored_at_once_and_stream_out_as_they_finish():
     assert not failed and len(rest) == 3
 
 
-def test_a_scoring_crash_comes_back_as_failed_ids():
-    def explode(s):
-        raise RuntimeError("the scorer's hook broke")
+def test_a_source_that_could_not_score_sends_its_sample_back():
+    def unanswered(s):
+        raise ScoringUnavailable("no judge answered")
 
-    scorer = ConcurrentScorer(Rubric([WeightedFn("ok", lambda s: 1.0, 1.0)]), concurrency=2, on_scored=explode)
+    scorer = ConcurrentScorer(Rubric([WeightedFn("ok", lambda s: 1.0, 1.0), WeightedFn("judge", unanswered, 1.0)]), concurrency=2)
     scorer.submit(sample(0, "x"))
     done, failed = drain(scorer, 1)
     scorer.close()
-    assert not done and failed[0][0] == "s0" and "broke" in str(failed[0][1]) and scorer.in_flight == 0
+    assert not done and failed[0][0] == "s0" and isinstance(failed[0][1], ScoringUnavailable) and scorer.in_flight == 0
+
+
+def test_close_drops_the_samples_not_started():
+    release = threading.Event()
+    scorer = ConcurrentScorer(Rubric([WeightedFn("slow", lambda s: release.wait(5) and 1.0, 1.0)]), concurrency=1)
+    for i in range(5):
+        scorer.submit(sample(i, "x"))
+    threading.Timer(0.2, release.set).start()
+    start = time.monotonic()
+    scorer.close()  # the one started finishes; the four queued never run
+    assert time.monotonic() - start < 3 and scorer.in_flight == 0
 
 
 def test_unknown_reward_name_is_refused():

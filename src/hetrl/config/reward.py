@@ -67,8 +67,9 @@ class SandboxConfig(Section):
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Default per-execution limits.")
     workers: int = Field(
         4, ge=1,
-        description="Sandboxed programs run at once per process (a reward rank's code tests, an env rank's or rollout rank's episodes); "
-        "as many as reward.workers, so no scoring thread waits for a slot held by a program running into its limits.",
+        description="Sandboxed programs run at once per process (a reward rank's code tests, an env or rollout rank's episodes); "
+        "at least reward.workers for code rewards, so no scoring thread waits for a slot held by a program running into its limits "
+        "(mind the cores: a reward rank on 1-2 cores runs its programs side by side).",
     )
     python: str = Field("/usr/bin/python3", description="Interpreter used inside the sandbox (must live under a read-only bound path).")
     ro_binds: list[str] = Field(
@@ -95,7 +96,7 @@ class JudgeConfig(Section):
         "verdict",
         description="verdict: the judge writes a reason and <score>N</score> (greedy, parsed, retried); expected: the prompt ends in "
         "`<score>` and the score is the probability-weighted mean of the judge's next-token choices among the scale's integers "
-        "(no parsing to fail; for small or base judges).",
+        "(no parsing to fail; for small or base judges; the scale must be single digits, 0-9 at most).",
     )
     rubric: str = Field(
         "Score how correct, complete and helpful the response is for the prompt.", description="Rubric text shown to the judge model."
@@ -179,6 +180,12 @@ class RewardConfig(Section):
             except (KeyError, IndexError, ValueError) as error:
                 raise ValueError(f"reward.judge.template does not format ({error!r}): its only placeholders are "
                                  "{rubric} {prompt} {response} {nonce} {lo} {hi}; write a literal brace as {{ or }}") from None
+        judge = self.judge
+        if judge.scoring == "expected" and not (0 <= judge.min_score < judge.max_score <= 9 and judge.min_score == int(judge.min_score)
+                                               and judge.max_score == int(judge.max_score)):
+            raise ValueError(f"reward.judge.scoring=expected reads the score from ONE next token, so the scale must be single digits: "
+                             f"integers with 0 <= min_score < max_score <= 9 (got {judge.min_score:g}..{judge.max_score:g}; many "
+                             "tokenizers write 10 as '1', '0')")
         if self.judge.max_score <= self.judge.min_score:
             raise ValueError(f"reward.judge.max_score={self.judge.max_score:g} must exceed reward.judge.min_score={self.judge.min_score:g}")
         return self

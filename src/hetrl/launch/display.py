@@ -10,7 +10,9 @@ from hetrl.control.plan import Plan
 
 def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
     """Two tables: the job's components (what Slurm allocates) and the parallel layout of each role."""
-    components = Table(title=f"hetrl plan: {cfg.recipe} on {cfg.cluster.name}, {plan.nodes} GPU node(s), {plan.world_size} ranks")
+    servers = sum(c.nodes for c in plan.components if c.name == "reward_server")
+    extra = f" + {servers} reward-server node(s)" if servers else ""
+    components = Table(title=f"hetrl plan: {cfg.recipe} on {cfg.cluster.name}, {plan.nodes} GPU node(s){extra}, {plan.world_size} ranks")
     for column in ("component", "partition", "nodes", "tasks", "tasks/node", "GPUs/node", "roles"):
         components.add_column(column)
     for c in plan.components:
@@ -26,10 +28,10 @@ def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
                    f" (EP {t.expert_parallel}) on {t.nodes} node(s)")
     where = "colocated on the trainer GPUs" if r.placement == "colocated" else f"on {r.nodes} node(s) of their own"
     layout.add_row("rollout", str(sizes["rollout"]), f"{r.num_engines} vLLM engine(s), TP {r.engine_tensor_parallel}, {where}")
-    if sizes["reward_server"]:
+    if plan.num_reward_servers:
         server = cfg.reward.server
         where = f"TP {server.tensor_parallel} on {server.partition or cfg.cluster.gpu_partition!r}" if plan.gpus_per_node else "local"
-        layout.add_row("reward_server", str(sizes["reward_server"]), f"frozen {' + '.join(cfg.reward.served_models)} replica(s), {where}, "
+        layout.add_row("reward_server", str(plan.num_reward_servers), f"frozen {' + '.join(cfg.reward.served_models)} replica(s), {where}, "
                        "serving every reward worker over the control plane")
     layout.add_row("reward", str(sizes["reward"]), f"reward/verifier/sandbox workers on {cfg.cluster.cpu_partition!r}")
     if sizes["env"]:

@@ -45,7 +45,7 @@ from hetrl.loop.work import (
 )
 from hetrl.monitor import names
 from hetrl.monitor.guards import IDLE
-from hetrl.types import Sample, SamplingParams
+from hetrl.types import CONVERSATION_KEY, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console
@@ -315,6 +315,7 @@ class Orchestrator:
         for sample in message.samples:
             if self.ledger.rewarding.pop(sample.sample_id, None) is None:
                 raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {sample.sample_id}")
+            sample.info.pop(CONVERSATION_KEY, None)  # the rewards' reading copy: the trainer and the store have the texts
             group = self.groups[sample.group_id]
             group.append(sample)
             if len(group) == self._group_size(sample.group_id):

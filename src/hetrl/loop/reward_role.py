@@ -17,6 +17,7 @@ that touches MPI -- pumps their client between polls of the orchestrator.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
+from hetrl.reward.base import ScoringUnavailable
 from hetrl.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -54,8 +56,10 @@ class RewardRank:
 
         self.ctx, self.cfg, self.crash = ctx, cfg, crash
         self.rigged = _RiggedFaults(ctx.assignment.role_rank)
+        self.wake = threading.Event()  # a sample finished or a scoring thread asked a reward server: the nap ends
         server = cfg.reward.server
-        self.client = RewardServerClient(ctx, server.request_timeout_s, server.max_attempts) if cfg.reward.served_models else None
+        self.client = (RewardServerClient(ctx, server.request_timeout_s, server.max_attempts, self.wake)
+                       if cfg.reward.served_models else None)
         self.scorer = self._new_scorer()
         self.retiring: list[Any] = []  # scorers of a failed rubric whose samples in flight still finish and are answered
         self.busy_since: float | None = None  # wall time charged to the next answer starts here
@@ -67,13 +71,15 @@ class RewardRank:
 
         resources = {"reward_server": self.client, "judge_config": self.cfg.reward.judge} if self.client else {}
         rubric = Rubric.from_config(self.cfg.reward, resources)
-        return ConcurrentScorer(rubric, self.cfg.reward.workers, on_scored=self.rigged.after_scoring)
+        return ConcurrentScorer(rubric, self.cfg.reward.workers, self.wake)
 
     def run(self) -> None:
         nap = _NAP_MIN_S
         try:
-            while not self.stop:  # at Shutdown the orchestrator wants no more answers
+            while True:
                 moved = self._take_work()
+                if self.stop:  # the orchestrator is done: it wants no more answers
+                    return
                 if self.client is not None:
                     moved = self.client.pump() or moved
                 moved = self._answer() or moved
@@ -85,7 +91,8 @@ class RewardRank:
                     liveness.busy(f"scoring {self.in_flight} sample(s)")
                 nap = _NAP_MIN_S if moved else min(nap * 2, _NAP_MAX_S)
                 if not moved:
-                    self.scorer.wake.wait(nap)  # a sample finishing ends the nap early
+                    self.wake.wait(nap)
+                    self.wake.clear()
         finally:
             if self.client is not None:
                 self.client.close()  # first: it fails what the scoring threads wait for, so they finish now
@@ -116,22 +123,27 @@ class RewardRank:
         return True
 
     def _answer(self) -> bool:
-        """Send what finished since the last round; a scoring failure retires the rubric and returns those samples."""
+        """Send what finished since the last round. A sample whose served model did not answer goes back to be
+        scored again; any other failure means the rubric broke: it retires, and a new one scores what comes next."""
         done, failed = [], []
         for scorer in [*self.retiring, self.scorer]:
             idle = scorer is not self.scorer and not scorer.in_flight  # read before finished(): nothing can come after
             finished, lost = scorer.finished()
             done += finished
             failed += lost
+            broken = [error for _, error in lost if not isinstance(error, ScoringUnavailable)]
+            if scorer is self.scorer and broken:
+                logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", broken[0], len(lost))
+                self._rebuild()
             if idle:
                 self.retiring.remove(scorer)
                 scorer.close()
-        if failed:
-            logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", failed[0][1], len(failed))
-            self._rebuild()
+        if failed and all(isinstance(error, ScoringUnavailable) for _, error in failed):
+            logger.warning("%d sample(s) not scored (%s): returned for scoring again", len(failed), failed[0][1])
         if not done and not failed:
             return False
-        self._send(RewardDone(done, failed=[sample_id for sample_id, _ in failed]))
+        self._send(RewardDone([self.rigged.after_scoring(s) for s in done], failed=[sample_id for sample_id, _ in failed]))
+        liveness.tick()
         return True
 
     def _fail(self, samples: list[Sample], error: BaseException) -> None:

@@ -9,16 +9,21 @@ batched call per model, so the requests of every worker share each forward pass.
 
 Wire (pickled by mpi4py): reward -> server on ``Tag.WORK``: :class:`ServeCalls` (one pump round's
 requests to that server) and :class:`ServeClientDone` (the worker is leaving); server -> reward on
-``Tag.RESULT``: :class:`ServeReplies` and :class:`ServerDown`. Nothing blocks inside MPI: both ends
-poll (``hetrl.control.comm.poll``) and nap between polls. A server exits once every reward worker
-said :class:`ServeClientDone`.
+``Tag.RESULT``: :class:`ServerReady` (its models are loaded), :class:`ServeReplies` and
+:class:`ServerDown`. Nothing blocks inside MPI: both ends poll (``hetrl.control.comm.poll``) and nap
+between polls. A server exits once every reward worker said :class:`ServeClientDone`.
 
-Failure, as for a rollout engine: a server whose model raises on a batch (injected with the fault
-``reward_server:<rank>:server_crash@n``) tells every client :class:`ServerDown` and serves nothing
-more; each client sends the requests that server held to a live replica. A request unanswered for
-``reward.server.request_timeout_s`` (a server that stopped answering) is sent to another replica
-too; after ``reward.server.max_attempts`` replicas, or with none left, the request fails, and the
-reward source that asked scores 0 with a ``reward/error`` flag. No wait is unbounded.
+Failure, as for a rollout engine: a request the model cannot take (too long for the judge's
+context, a chat template that refuses it) is answered with its error; a server whose batched
+forward fails (injected with the fault ``reward_server:<rank>:server_crash@n``) tells every client
+:class:`ServerDown` and serves nothing more, and each client sends the requests that server held to
+a live replica. With no replica left the reward worker raises and the job stops (to be requeued):
+scoring on without the model would train on default scores. A request unanswered for
+``reward.server.request_timeout_s`` goes to a replica that has not had it yet, or keeps waiting
+where it is; after ``reward.server.max_attempts`` such timeouts it fails with
+:class:`hetrl.reward.base.ScoringUnavailable`, and its sample goes back to the orchestrator to be
+scored again. Requests wait for a replica to be ready without a clock: a replica still loading its
+models is under the liveness watchdog like every starting rank.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.loop.faults import Countdown
+from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.serving import Completion, CompletionResult
 
 logger = logging.getLogger(__name__)
 _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.02
+_READY_GRACE_S = 3600.0  # a scoring thread's own bound also covers a replica still loading a large judge
 JUDGE, REWARD_MODEL = "judge", "reward_model"
 
 
@@ -57,6 +64,11 @@ class ServeReplies:
     """Answers ``(request_id, ok, value)``: a CompletionResult or a float, or the error's text when not ok."""
 
     replies: list[tuple[int, bool, Any]]
+
+
+@dataclass
+class ServerReady:
+    """The server's models are loaded: requests sent now are answered within a batch's time."""
 
 
 @dataclass
@@ -102,6 +114,8 @@ class RewardServer:
         self.num_requests = self.num_batches = 0
 
     def run(self) -> None:
+        for client in self.clients:
+            send(self.world, ServerReady(), client, Tag.RESULT)
         delay = _POLL_MIN_S
         while self.clients:
             calls = self._receive()
@@ -140,7 +154,7 @@ class RewardServer:
                 for (client, request_id, _, _), answer in zip(batch, answers):
                     ok = not isinstance(answer, Exception)
                     replies[client].append((request_id, ok, answer if ok else f"{type(answer).__name__}: {answer}"))
-        except Exception as error:  # noqa: BLE001 - the clients retry on another replica; this one leaves service
+        except Exception as error:  # noqa: BLE001 - a batched forward failed: the clients retry on another replica
             self._go_down(f"{type(error).__name__}: {error}")
             return
         timeline.record("serve", t0, time.time())
@@ -183,9 +197,10 @@ class _Pending:
     model: str
     payload: Any
     future: Future
-    server: int = -1
+    server: int = -1  # where it was last sent (-1: not yet)
     sent_at: float = 0.0
     tried: tuple[int, ...] = ()
+    timeouts: int = 0
 
 
 class RewardServerClient:
@@ -193,23 +208,25 @@ class RewardServerClient:
 
     Thread-safe where it must be: reward functions on the worker's scoring threads call
     :meth:`judge` and :meth:`reward_model`, which queue a request and wait for its answer; the
-    worker's main thread, the only one that touches MPI, calls :meth:`pump`. A new request goes to
-    the live replica with the fewest requests outstanding.
+    worker's main thread, the only one that touches MPI, calls :meth:`pump`. A request goes to the
+    ready live replica with the fewest requests outstanding.
     """
 
-    def __init__(self, ctx: RoleContext, timeout_s: float, max_attempts: int) -> None:
+    def __init__(self, ctx: RoleContext, timeout_s: float, max_attempts: int, wake: threading.Event | None = None) -> None:
         self.world = ctx.world
         self.servers = ctx.plan.ranks_of("reward_server")
         if not self.servers:
             raise ValueError("the rubric uses a served model but the plan has no reward_server rank: re-plan the run")
-        self.live = list(self.servers)
+        self.live, self.ready = list(self.servers), set()
         self.down_reasons: dict[int, str] = {}
         self.timeout_s, self.max_attempts = timeout_s, max_attempts
+        self.wake = wake or threading.Event()  # set when a scoring thread queues a request: the main loop's nap ends
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self._unsent: list[int] = []
         self._ids = itertools.count()
-        self.num_retried = 0
+        self._closed = False
+        self.num_resent = 0
 
     # -- the scoring threads' side
 
@@ -222,11 +239,15 @@ class RewardServerClient:
     def _ask(self, model: str, payload: Any) -> Any:
         future: Future = Future()
         with self._lock:
+            if self._closed:
+                raise ScoringUnavailable("the reward worker is shutting down")
             request_id = next(self._ids)
             self._pending[request_id] = _Pending(model, payload, future)
             self._unsent.append(request_id)
-        # Bounded: every request is answered, re-sent or failed by pump() within max_attempts timeouts.
-        return future.result(timeout=self.timeout_s * (self.max_attempts + 1))
+        self.wake.set()
+        # pump() answers, re-sends or fails every request: after max_attempts timeouts at the latest, once a replica is
+        # ready (a loading one is the watchdog's); this bound only keeps a thread from outliving a main loop that died.
+        return future.result(timeout=self.timeout_s * (self.max_attempts + 1) + _READY_GRACE_S)
 
     # -- the main thread's side
 
@@ -238,6 +259,8 @@ class RewardServerClient:
             moved = True
             if isinstance(message, ServeReplies):
                 self._resolve(message)
+            elif isinstance(message, ServerReady):
+                self.ready.add(source)
             elif isinstance(message, ServerDown):
                 self._lose(source, message.reason)
             else:
@@ -253,69 +276,84 @@ class RewardServerClient:
                 continue
             if ok:
                 pending.future.set_result(value)
-            else:
-                pending.future.set_exception(RuntimeError(f"reward server failed the {pending.model} request: {value}"))
+            else:  # the model could not take this request (its own fault, not the server's): the source's error
+                pending.future.set_exception(RuntimeError(f"the reward server could not take the {pending.model} request: {value}"))
 
     def _lose(self, server: int, reason: str) -> None:
         logger.error("reward server rank %d is down (%s); its requests go to the other replicas", server, reason)
         if server in self.live:
             self.live.remove(server)
         self.down_reasons[server] = reason
+        if not self.live:
+            raise RuntimeError("every reward server is down, so no judge or reward model is left to score with: "
+                               + "; ".join(f"rank {r}: {why}" for r, why in sorted(self.down_reasons.items()))
+                               + " (see logs/reward_server_*.log; reward.server.replicas adds replicas)")
         with self._lock:
-            held = [request_id for request_id, p in self._pending.items() if p.server == server]
+            held = [request_id for request_id, p in self._pending.items() if p.server == server and request_id not in self._unsent]
             self._unsent += held
-        self.num_retried += len(held)
+        self.num_resent += len(held)
 
     def _retry_overdue(self) -> None:
+        """A request a replica has held for request_timeout_s: to an untried replica if there is one, else it waits on."""
         now = time.monotonic()
+        failed: list[_Pending] = []
         with self._lock:
-            overdue = [request_id for request_id, p in self._pending.items() if p.server >= 0 and now - p.sent_at > self.timeout_s
-                       and request_id not in self._unsent]
-            self._unsent += overdue
-        if overdue:
-            logger.warning("%d reward-server request(s) unanswered for %.0f s: re-sending them", len(overdue), self.timeout_s)
-            self.num_retried += len(overdue)
+            unsent = set(self._unsent)
+            for request_id, p in list(self._pending.items()):
+                if p.server < 0 or request_id in unsent or now - p.sent_at <= self.timeout_s:
+                    continue
+                p.timeouts += 1
+                if p.timeouts >= self.max_attempts:
+                    del self._pending[request_id]
+                    failed.append(p)
+                elif any(s not in p.tried for s in self.live if s in self.ready):
+                    self._unsent.append(request_id)
+                    self.num_resent += 1
+                else:
+                    p.sent_at = now  # every ready replica has it: waiting on is better than piling duplicates on one
+        for p in failed:
+            p.future.set_exception(ScoringUnavailable(
+                f"{p.model} request unanswered after {p.timeouts} x reward.server.request_timeout_s={self.timeout_s:g} s "
+                f"on replica(s) {list(p.tried)} (reward.server.max_attempts={self.max_attempts})"))
+        if failed:
+            logger.warning("%d reward-server request(s) failed after %d timeouts each", len(failed), self.max_attempts)
 
     def _send_queued(self) -> bool:
+        batches: dict[int, list[tuple[int, str, Any]]] = defaultdict(list)
         with self._lock:
             queued, self._unsent = self._unsent, []
-            load = defaultdict(int)
+            load: dict[int, int] = defaultdict(int)
             for p in self._pending.values():
                 load[p.server] += 1
-            batches: dict[int, list[tuple[int, str, Any]]] = defaultdict(list)
             for request_id in queued:
                 pending = self._pending.get(request_id)
                 if pending is None:
                     continue
                 server = self._pick(pending, load)
-                if server is None:
-                    del self._pending[request_id]
-                    pending.future.set_exception(RuntimeError(self._no_server_left(pending)))
+                if server is None:  # no replica ready yet: it stays queued, without a clock
+                    self._unsent.append(request_id)
                     continue
                 load[server] += 1
                 pending.server, pending.sent_at, pending.tried = server, time.monotonic(), (*pending.tried, server)
                 batches[server].append((request_id, pending.model, pending.payload))
         for server, calls in batches.items():
             send(self.world, ServeCalls(calls), server, Tag.WORK)
-        return bool(queued)
+        return bool(batches)
 
     def _pick(self, pending: _Pending, load: dict[int, int]) -> int | None:
-        if len(pending.tried) >= self.max_attempts:
-            return None
-        fresh = [s for s in self.live if s not in pending.tried] or self.live
-        return min(fresh, key=lambda s: (load[s], s)) if fresh else None
-
-    def _no_server_left(self, pending: _Pending) -> str:
-        if len(pending.tried) >= self.max_attempts:
-            return f"{pending.model} request unanswered by {len(pending.tried)} replica(s) (reward.server.max_attempts)"
-        return "every reward server is down: " + "; ".join(f"rank {r}: {why}" for r, why in sorted(self.down_reasons.items()))
+        ready = [s for s in self.live if s in self.ready]
+        untried = [s for s in ready if s not in pending.tried] or ready
+        return min(untried, key=lambda s: (load[s], s)) if untried else None
 
     def close(self) -> None:
-        """Fail what is still waiting and leave every server."""
+        """Fail what is still waiting (the scoring threads finish at once, asking nothing more) and leave every server."""
         with self._lock:
+            self._closed = True
             pending, self._pending, self._unsent = self._pending, {}, []
         for p in pending.values():
             if not p.future.done():
-                p.future.set_exception(RuntimeError("the reward worker is shutting down"))
+                p.future.set_exception(ScoringUnavailable("the reward worker is shutting down"))
+        if self.num_resent:
+            logger.info("re-sent %d reward-server request(s) to another replica over the run", self.num_resent)
         for server in self.servers:
             send(self.world, ServeClientDone(), server, Tag.WORK)

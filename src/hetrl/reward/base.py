@@ -39,6 +39,12 @@ class RewardOutcome:
 RewardFn = Callable[[Sample], "float | RewardValue"]
 
 
+class ScoringUnavailable(RuntimeError):
+    """A source could not score for a reason outside the sample: its served judge or reward model did not
+    answer. The rubric lets it through (a 0 would be a verdict the sample did not earn), and the reward
+    role returns the sample to the orchestrator to be scored again."""
+
+
 def as_value(result: float | RewardValue) -> RewardValue:
     if isinstance(result, RewardValue):
         return result
@@ -69,3 +75,8 @@ def prompt_and_response(sample: Sample) -> tuple[str, str]:
     if len(answered) == 1:
         return prompt, answered[0]["content"]
     return prompt, "\n\n".join(f"[{m['role']}] {m['content']}" for m in answered)
+
+
+def policy_text(sample: Sample) -> str:
+    """What the policy itself wrote: its turns only (a tool's output or a file's content is not its doing)."""
+    return "\n\n".join(m["content"] for m in conversation(sample) if m["role"] == "assistant")

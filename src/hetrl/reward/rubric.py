@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
-from hetrl.reward.base import RewardFn, RewardOutcome, as_value
+from hetrl.reward.base import RewardFn, RewardOutcome, ScoringUnavailable, as_value
 from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
 from hetrl.types import Sample
 
@@ -63,16 +63,10 @@ class Rubric:
         self.clip_min, self.clip_max = clip_min, clip_max
         self.owned = list(owned or [])  # resources this rubric built (its sandbox pool): closed in ``close``
 
-    @property
-    def sandbox_pool(self) -> Any:
-        """The sandbox pool this rubric built from ``reward.sandbox`` (None if it built none)."""
-        from hetrl.sandbox.pool import SandboxPool
-
-        return next((r for r in self.owned if isinstance(r, SandboxPool)), None)
-
     @classmethod
     def from_config(cls, config: RewardConfig, resources: dict[str, Any] | None = None) -> "Rubric":
-        resources = {"timeout_s": config.math_timeout_s, **(resources or {})}
+        # The math verifier gets a worker process per scoring thread: sympy answers then check side by side.
+        resources = {"timeout_s": config.math_timeout_s, "workers": config.workers, **(resources or {})}
         factories = [(f, resolve(f.name)) for f in config.functions]
         owned: list[Any] = []
         try:
@@ -96,6 +90,8 @@ class Rubric:
         for wf in self.functions:
             try:
                 value = as_value(wf.fn(sample))
+            except ScoringUnavailable:
+                raise
             except Exception as exc:  # a broken reward source must not stop the stream
                 log.warning("reward source %s failed on %s: %s", wf.source, sample.sample_id, exc)
                 flags.append(f"reward/error:{wf.source}")

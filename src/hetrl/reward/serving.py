@@ -64,8 +64,9 @@ class JudgeEngine:
         from hetrl.rollout.engine import configure_vllm_environment, import_vllm
 
         on_gpu = torch.cuda.is_available()
-        # On CPU the server shares the machine with the trainer and the engines: its threads keep to its own cores.
-        threads = int(os.environ.get("HETRL_THREADS", "1"))
+        # On CPU the server shares the machine with the trainer and the engines: its threads keep to its own cores
+        # (as many as the launcher gave the process: hetrl.launch.worker sets torch's thread count).
+        threads = torch.get_num_threads()
         bind = None if on_gpu else ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[-threads:])
         configure_vllm_environment(bind, on_gpu, server.tensor_parallel)
         vllm = import_vllm()
@@ -85,8 +86,12 @@ class JudgeEngine:
         results: list[CompletionResult | Exception] = [ValueError("unanswered")] * len(requests)
         prompts, params, index = [], [], []
         for i, request in enumerate(requests):
-            text = chat_text(self.tokenizer, [{"role": "user", "content": request.prompt}], add_generation_prompt=True) + request.prefix
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            try:
+                text = chat_text(self.tokenizer, [{"role": "user", "content": request.prompt}], add_generation_prompt=True)
+                ids = self.tokenizer.encode(text + request.prefix, add_special_tokens=False)
+            except Exception as error:  # noqa: BLE001 - this request's own fault (its template, its text): its answer
+                results[i] = error
+                continue
             if len(ids) + request.max_tokens > self.max_model_len:
                 results[i] = ValueError(f"judge prompt of {len(ids)} tokens + {request.max_tokens} to write exceeds the judge's context "
                                         f"of {self.max_model_len} (reward.judge.max_response_chars, reward.judge.template)")
@@ -122,23 +127,34 @@ class RewardModelScorer:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.manual_seed(seed)  # the fresh head's initial values
         kwargs = {"num_labels": 1} if fresh_head else {}
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32, **kwargs).to(device).eval()
+        dtype = "auto" if device == "cuda" else torch.float32  # the checkpoint's dtype on a GPU; bf16 is slow on most CPUs
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype, **kwargs).to(device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.pad_token_id or 0))
         self.model.config.pad_token_id = self.pad_id  # HF's classifier pools at the last non-pad token
         self.device, self.config = device, config
 
-    def score(self, conversations: list[list[dict[str, str]]]) -> list[float]:
-        """Logit 0 per conversation, in batches of ``reward.reward_model.batch_size``."""
-        sequences = []
-        for messages in conversations:
-            text = chat_text(self.tokenizer, messages, add_generation_prompt=False)
-            sequences.append(self.tokenizer.encode(text, add_special_tokens=False)[-self.config.max_length:] or [self.pad_id])
-        scores: list[float] = []
+    def score(self, conversations: list[list[dict[str, str]]]) -> list[float | Exception]:
+        """Logit 0 per conversation, in batches of ``reward.reward_model.batch_size``; a conversation the
+        model's chat template refuses (a role it does not know) comes back as its error."""
+        results: list[float | Exception] = []
+        sequences, index = [], []
+        for i, messages in enumerate(conversations):
+            try:
+                text = chat_text(self.tokenizer, messages, add_generation_prompt=False)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)[-self.config.max_length:]
+            except Exception as error:  # noqa: BLE001 - this conversation's own fault: its answer
+                results.append(error)
+                continue
+            results.append(0.0)
+            sequences.append(ids or [self.pad_id])
+            index.append(i)
         for start in range(0, len(sequences), self.config.batch_size):
-            scores += self._forward(sequences[start:start + self.config.batch_size])
-        return scores
+            scores = self._forward(sequences[start:start + self.config.batch_size])
+            for i, score in zip(index[start:start + self.config.batch_size], scores):
+                results[i] = score
+        return results
 
     def _forward(self, sequences: list[list[int]]) -> list[float]:
         """One right-padded forward pass with an attention mask."""

@@ -7,9 +7,10 @@ slowest program; ``concurrency`` samples at once keep the sandbox pool and the s
 while the caller (the reward role's MPI loop, which owns every MPI call) keeps polling.
 
 Contract: :meth:`ConcurrentScorer.submit` never blocks; :meth:`ConcurrentScorer.finished` returns
-what completed since the last call, scored samples and the ids of samples whose scoring failed
-(the rubric itself never raises for a hostile sample: a failure here means the rubric broke, and
-the orchestrator retries those samples elsewhere).
+what completed since the last call, scored samples and ``(sample_id, error)`` of samples whose
+scoring failed (the rubric never raises for a hostile sample: a failure means a served model did
+not answer -- ``ScoringUnavailable`` -- or the rubric broke, and the orchestrator has those samples
+scored again).
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from hetrl.types import Sample
 class ConcurrentScorer:
     """Scores up to ``concurrency`` samples at once on threads; results stream out in finishing order."""
 
-    def __init__(self, rubric: Rubric, concurrency: int, on_scored: Callable[[Sample], Sample] | None = None) -> None:
+    def __init__(self, rubric: Rubric, concurrency: int, wake: threading.Event | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.rubric = rubric
-        self.on_scored = on_scored or (lambda sample: sample)
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="score")
         self._lock = threading.Lock()
         self._done: list[Sample] = []
         self._failed: list[tuple[str, BaseException]] = []
         self._in_flight = 0
-        self.wake = threading.Event()  # set whenever a sample finishes: the caller may sleep on it
+        self.wake = wake or threading.Event()  # set whenever a sample finishes: the caller may sleep on it
 
     @property
     def in_flight(self) -> int:
@@ -48,7 +48,7 @@ class ConcurrentScorer:
         self._executor.submit(self._score, sample).add_done_callback(self._collect_crash(sample))
 
     def _score(self, sample: Sample) -> None:
-        scored = self.on_scored(self.rubric.score(sample).apply_to(sample))
+        scored = self.rubric.score(sample).apply_to(sample)
         with self._lock:
             self._done.append(scored)
             self._in_flight -= 1
@@ -56,6 +56,10 @@ class ConcurrentScorer:
 
     def _collect_crash(self, sample: Sample) -> Callable[[Future], None]:
         def check(future: Future) -> None:
+            if future.cancelled():  # never started: close() cancelled it
+                with self._lock:
+                    self._in_flight -= 1
+                return
             error = future.exception()
             if error is None:
                 return
@@ -75,6 +79,6 @@ class ConcurrentScorer:
             return done, failed
 
     def close(self) -> None:
-        """Wait for the samples in flight, then release the rubric (its sandbox pool, its clients)."""
-        self._executor.shutdown(wait=True)
+        """Drop the samples not started, wait for those being scored, then release the rubric (its sandbox pool)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
         self.rubric.close()
