@@ -58,10 +58,15 @@ class RewardRank:
         self.rigged = _RiggedFaults(ctx.assignment.role_rank)
         self.wake = threading.Event()  # a sample finished or a scoring thread asked a reward server: the nap ends
         server = cfg.reward.server
-        self.client = (RewardServerClient(ctx, server.request_timeout_s, server.max_attempts, self.wake)
-                       if cfg.reward.served_models else None)
+        self.client = (
+            RewardServerClient(ctx, server.request_timeout_s, server.max_attempts, self.wake)
+            if cfg.reward.served_models
+            else None
+        )
         self.scorer = self._new_scorer()
-        self.retiring: list[Any] = []  # scorers of a failed rubric whose samples in flight still finish and are answered
+        self.retiring: list[
+            Any
+        ] = []  # scorers of a failed rubric whose samples in flight still finish and are answered
         self.busy_since: float | None = None  # wall time charged to the next answer starts here
         self.stop = False
 
@@ -133,7 +138,9 @@ class RewardRank:
             failed += lost
             broken = [error for _, error in lost if not isinstance(error, ScoringUnavailable)]
             if scorer is self.scorer and broken:
-                logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", broken[0], len(lost))
+                logger.error(
+                    "scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", broken[0], len(lost)
+                )
                 self._rebuild()
             if idle:
                 self.retiring.remove(scorer)
@@ -142,12 +149,16 @@ class RewardRank:
             logger.warning("%d sample(s) not scored (%s): returned for scoring again", len(failed), failed[0][1])
         if not done and not failed:
             return False
-        self._send(RewardDone([self.rigged.after_scoring(s) for s in done], failed=[sample_id for sample_id, _ in failed]))
+        self._send(
+            RewardDone([self.rigged.after_scoring(s) for s in done], failed=[sample_id for sample_id, _ in failed])
+        )
         liveness.tick()
         return True
 
     def _fail(self, samples: list[Sample], error: BaseException) -> None:
-        logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(samples))
+        logger.error(
+            "scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(samples)
+        )
         self._rebuild()
         self._send(RewardDone([], failed=[s.sample_id for s in samples]))
 

@@ -95,12 +95,15 @@ def load_served_models(cfg: HetrlConfig, policy_dir: Path) -> dict[str, Any]:
     reward = cfg.reward
     if JUDGE in reward.served_models:
         liveness.busy("starting the judge engine")
-        models[JUDGE] = JudgeEngine(resolve_model_path(reward.judge.model, policy_dir), reward.judge, reward.server, cfg.run.seed)
+        models[JUDGE] = JudgeEngine(
+            resolve_model_path(reward.judge.model, policy_dir), reward.judge, reward.server, cfg.run.seed
+        )
     if REWARD_MODEL in reward.served_models:
         liveness.busy("loading the reward model")
         path = reward.reward_model.path
-        models[REWARD_MODEL] = RewardModelScorer(resolve_model_path(path, policy_dir), reward.reward_model, cfg.run.seed,
-                                                 fresh_head=path == POLICY_MODEL)
+        models[REWARD_MODEL] = RewardModelScorer(
+            resolve_model_path(path, policy_dir), reward.reward_model, cfg.run.seed, fresh_head=path == POLICY_MODEL
+        )
     return models
 
 
@@ -128,7 +131,9 @@ class RewardServer:
             liveness.busy(f"serving {len(calls)} request(s)")
             self._serve(calls)
             liveness.tick()
-        logger.info("served %d request(s) in %d batch(es); all reward workers left", self.num_requests, self.num_batches)
+        logger.info(
+            "served %d request(s) in %d batch(es); all reward workers left", self.num_requests, self.num_batches
+        )
 
     def _receive(self) -> list[tuple[int, int, str, Any]]:
         """``(client, request_id, model, payload)`` of every request that arrived."""
@@ -212,7 +217,9 @@ class RewardServerClient:
     ready live replica with the fewest requests outstanding.
     """
 
-    def __init__(self, ctx: RoleContext, timeout_s: float, max_attempts: int, wake: threading.Event | None = None) -> None:
+    def __init__(
+        self, ctx: RoleContext, timeout_s: float, max_attempts: int, wake: threading.Event | None = None
+    ) -> None:
         self.world = ctx.world
         self.servers = ctx.plan.ranks_of("reward_server")
         if not self.servers:
@@ -277,7 +284,9 @@ class RewardServerClient:
             if ok:
                 pending.future.set_result(value)
             else:  # the model could not take this request (its own fault, not the server's): the source's error
-                pending.future.set_exception(RuntimeError(f"the reward server could not take the {pending.model} request: {value}"))
+                pending.future.set_exception(
+                    RuntimeError(f"the reward server could not take the {pending.model} request: {value}")
+                )
 
     def _lose(self, server: int, reason: str) -> None:
         logger.error("reward server rank %d is down (%s); its requests go to the other replicas", server, reason)
@@ -285,11 +294,17 @@ class RewardServerClient:
             self.live.remove(server)
         self.down_reasons[server] = reason
         if not self.live:
-            raise RuntimeError("every reward server is down, so no judge or reward model is left to score with: "
-                               + "; ".join(f"rank {r}: {why}" for r, why in sorted(self.down_reasons.items()))
-                               + " (see logs/reward_server_*.log; reward.server.replicas adds replicas)")
+            raise RuntimeError(
+                "every reward server is down, so no judge or reward model is left to score with: "
+                + "; ".join(f"rank {r}: {why}" for r, why in sorted(self.down_reasons.items()))
+                + " (see logs/reward_server_*.log; reward.server.replicas adds replicas)"
+            )
         with self._lock:
-            held = [request_id for request_id, p in self._pending.items() if p.server == server and request_id not in self._unsent]
+            held = [
+                request_id
+                for request_id, p in self._pending.items()
+                if p.server == server and request_id not in self._unsent
+            ]
             self._unsent += held
         self.num_resent += len(held)
 
@@ -312,9 +327,12 @@ class RewardServerClient:
                 else:
                     p.sent_at = now  # every ready replica has it: waiting on is better than piling duplicates on one
         for p in failed:
-            p.future.set_exception(ScoringUnavailable(
-                f"{p.model} request unanswered after {p.timeouts} x reward.server.request_timeout_s={self.timeout_s:g} s "
-                f"on replica(s) {list(p.tried)} (reward.server.max_attempts={self.max_attempts})"))
+            p.future.set_exception(
+                ScoringUnavailable(
+                    f"{p.model} request unanswered after {p.timeouts} x reward.server.request_timeout_s={self.timeout_s:g} s "
+                    f"on replica(s) {list(p.tried)} (reward.server.max_attempts={self.max_attempts})"
+                )
+            )
         if failed:
             logger.warning("%d reward-server request(s) failed after %d timeouts each", len(failed), self.max_attempts)
 

@@ -70,8 +70,15 @@ class JudgeEngine:
         bind = None if on_gpu else ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[-threads:])
         configure_vllm_environment(bind, on_gpu, server.tensor_parallel)
         vllm = import_vllm()
-        args: dict[str, Any] = dict(model=str(model_dir), tensor_parallel_size=server.tensor_parallel, max_model_len=judge.max_model_len,
-                                    seed=seed, enforce_eager=not on_gpu, disable_log_stats=True, max_logprobs=max(judge.top_logprobs, 1))
+        args: dict[str, Any] = dict(
+            model=str(model_dir),
+            tensor_parallel_size=server.tensor_parallel,
+            max_model_len=judge.max_model_len,
+            seed=seed,
+            enforce_eager=not on_gpu,
+            disable_log_stats=True,
+            max_logprobs=max(judge.top_logprobs, 1),
+        )
         if on_gpu:
             args.update(gpu_memory_utilization=server.gpu_memory_utilization)
         else:
@@ -87,18 +94,25 @@ class JudgeEngine:
         prompts, params, index = [], [], []
         for i, request in enumerate(requests):
             try:
-                text = chat_text(self.tokenizer, [{"role": "user", "content": request.prompt}], add_generation_prompt=True)
+                text = chat_text(
+                    self.tokenizer, [{"role": "user", "content": request.prompt}], add_generation_prompt=True
+                )
                 ids = self.tokenizer.encode(text + request.prefix, add_special_tokens=False)
             except Exception as error:  # noqa: BLE001 - this request's own fault (its template, its text): its answer
                 results[i] = error
                 continue
             if len(ids) + request.max_tokens > self.max_model_len:
-                results[i] = ValueError(f"judge prompt of {len(ids)} tokens + {request.max_tokens} to write exceeds the judge's context "
-                                        f"of {self.max_model_len} (reward.judge.max_response_chars, reward.judge.template)")
+                results[i] = ValueError(
+                    f"judge prompt of {len(ids)} tokens + {request.max_tokens} to write exceeds the judge's context "
+                    f"of {self.max_model_len} (reward.judge.max_response_chars, reward.judge.template)"
+                )
                 continue
             prompts.append(self._vllm.TokensPrompt(prompt_token_ids=ids))
-            params.append(self._vllm.SamplingParams(temperature=0.0, max_tokens=request.max_tokens,
-                                                    logprobs=request.top_logprobs or None))
+            params.append(
+                self._vllm.SamplingParams(
+                    temperature=0.0, max_tokens=request.max_tokens, logprobs=request.top_logprobs or None
+                )
+            )
             index.append(i)
         if prompts:
             for i, output in zip(index, self.llm.generate(prompts, params, use_tqdm=False)):
@@ -127,8 +141,12 @@ class RewardModelScorer:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.manual_seed(seed)  # the fresh head's initial values
         kwargs = {"num_labels": 1} if fresh_head else {}
-        dtype = "auto" if device == "cuda" else torch.float32  # the checkpoint's dtype on a GPU; bf16 is slow on most CPUs
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype, **kwargs).to(device).eval()
+        dtype = (
+            "auto" if device == "cuda" else torch.float32
+        )  # the checkpoint's dtype on a GPU; bf16 is slow on most CPUs
+        self.model = (
+            AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype, **kwargs).to(device).eval()
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.pad_token_id or 0))
@@ -143,7 +161,7 @@ class RewardModelScorer:
         for i, messages in enumerate(conversations):
             try:
                 text = chat_text(self.tokenizer, messages, add_generation_prompt=False)
-                ids = self.tokenizer.encode(text, add_special_tokens=False)[-self.config.max_length:]
+                ids = self.tokenizer.encode(text, add_special_tokens=False)[-self.config.max_length :]
             except Exception as error:  # noqa: BLE001 - this conversation's own fault: its answer
                 results.append(error)
                 continue
@@ -151,8 +169,8 @@ class RewardModelScorer:
             sequences.append(ids or [self.pad_id])
             index.append(i)
         for start in range(0, len(sequences), self.config.batch_size):
-            scores = self._forward(sequences[start:start + self.config.batch_size])
-            for i, score in zip(index[start:start + self.config.batch_size], scores):
+            scores = self._forward(sequences[start : start + self.config.batch_size])
+            for i, score in zip(index[start : start + self.config.batch_size], scores):
                 results[i] = score
         return results
 
