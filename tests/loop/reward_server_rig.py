@@ -70,6 +70,10 @@ def main() -> int:
         flush_sends()
         return 0
     client = RewardServerClient(ctx, timeout_s=TIMEOUT_S, max_attempts=2)
+    deadline = time.monotonic() + 30
+    while client.ready != {0, 1} and time.monotonic() < deadline:  # both replicas said ServerReady: spread over both
+        client.pump()
+        time.sleep(0.001)
     seen = {"many": ask_all(client, [f"q{i}" for i in range(16)])}
     seen["toolong"] = ask_all(client, ["toolong", "fine"])
     seen["slow"] = ask_all(client, ["slow"])
