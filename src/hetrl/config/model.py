@@ -12,11 +12,47 @@ from pydantic import Field, model_validator
 
 from hetrl.config.base import Section
 
-Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
+Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe", "llava"]
+
+
+class VisionConfig(Section):
+    """``model.vision:`` the image encoder of a vision-language policy (``model.arch=llava``).
+
+    LLaVA's layout: a CLIP ViT (pre-norm LayerNorm blocks with biases, quick-GELU MLP, a class
+    token and learned position embeddings) whose last layer's patch features (class token dropped)
+    go through a two-layer GELU MLP projector into the language model's width. Each image becomes
+    ``(image_size / patch_size) ** 2`` embeddings in the language model's sequence.
+    """
+
+    image_size: int = Field(64, ge=8, description="Side of the square image the encoder takes (pixels); images are resized to it.")
+    patch_size: int = Field(16, ge=1, description="Side of a ViT patch (pixels); image_size must be a multiple of it.")
+    hidden_size: int = Field(64, ge=8, description="ViT width.")
+    num_layers: int = Field(2, ge=1, description="ViT blocks.")
+    num_attention_heads: int = Field(2, ge=1, description="ViT attention heads (head width hidden_size / heads; vLLM's CPU kernels want 32 or more).")
+    ffn_hidden_size: int = Field(128, ge=8, description="ViT MLP width.")
+    norm_epsilon: float = Field(1e-5, gt=0.0, description="ViT LayerNorm epsilon.")
+    freeze: bool = Field(
+        False, description="Keep the vision tower (ViT) at its initial weights: no gradients, and weight pushes leave it out. The projector still trains."
+    )
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> "VisionConfig":
+        if self.image_size % self.patch_size:
+            raise ValueError(f"model.vision.image_size={self.image_size} is not a multiple of model.vision.patch_size={self.patch_size}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"model.vision.hidden_size={self.hidden_size} is not divisible by model.vision.num_attention_heads={self.num_attention_heads}")
+        return self
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Language-model positions one image takes (its patches; the class token is dropped)."""
+        return (self.image_size // self.patch_size) ** 2
 
 
 class ModelConfig(Section):
-    arch: Architecture = Field("llama", description="HF layout family: llama, qwen2 (qkv bias), qwen3 (qk-norm), qwen3_moe (qk-norm + MoE MLPs).")
+    arch: Architecture = Field(
+        "llama", description="HF layout family: llama, qwen2 (qkv bias), qwen3 (qk-norm), qwen3_moe (qk-norm + MoE MLPs), llava (a llama language model that sees images through model.vision)."
+    )
     hf_checkpoint: str | None = Field(
         None, description="Path of an HF checkpoint directory (safetensors + config + tokenizer) to start from; null builds a random-init model of the shape below."
     )
@@ -38,6 +74,7 @@ class ModelConfig(Section):
     moe_router_topk: int = Field(2, ge=1, description="MoE: experts each token is routed to.")
     moe_ffn_hidden_size: int | None = Field(None, ge=8, description="MoE: width of each expert's MLP.")
     moe_aux_loss_coeff: float = Field(1e-3, ge=0.0, description="MoE: load-balancing auxiliary loss weight.")
+    vision: VisionConfig | None = Field(None, description="The image encoder of a vision-language policy; set exactly when arch=llava.")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelConfig":
@@ -49,6 +86,8 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_attention_heads={self.num_attention_heads}; set model.head_dim"
             )
+        if (self.arch == "llava") != (self.vision is not None):
+            raise ValueError("model.arch=llava needs model.vision (the image encoder), and model.vision needs model.arch=llava")
         is_moe = self.arch == "qwen3_moe"
         if is_moe and (self.num_experts is None or self.moe_ffn_hidden_size is None):
             raise ValueError("model.arch=qwen3_moe needs model.num_experts and model.moe_ffn_hidden_size")
@@ -70,3 +109,8 @@ class ModelConfig(Section):
     @property
     def is_moe(self) -> bool:
         return self.arch == "qwen3_moe"
+
+    @property
+    def is_vlm(self) -> bool:
+        """A vision-language policy: images in its prompts become embeddings in its sequence."""
+        return self.vision is not None

@@ -10,12 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.model import ModelConfig
+from hetrl.models.tokenizer import MIN_VOCAB_SIZE
+
+# The character tokenizer's <image> token (build_char_tokenizer(image_token=True)): the first id after its characters.
+CHAR_IMAGE_TOKEN_ID = MIN_VOCAB_SIZE
 
 HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llava": "LlavaForConditionalGeneration",
 }
 
 
@@ -64,9 +69,77 @@ def hf_config(cfg: ModelConfig):
         "qwen3": transformers.Qwen3Config,
         "qwen3_moe": transformers.Qwen3MoeConfig,
     }
+    if cfg.is_vlm:
+        return llava_config(cfg)
     config = classes[cfg.arch](**hf_config_dict(cfg))
     config.architectures = [HF_ARCHITECTURES[cfg.arch]]
     return config
+
+
+def llava_config(cfg: ModelConfig):
+    """HF ``LlavaConfig`` of a vision-language ``cfg``: CLIP vision tower, Llama text model.
+
+    The features are the last ViT layer's patches (``vision_feature_layer=-1``, class token dropped):
+    the layer the trainer's ViT ends with, so it holds no block the policy never uses. The image
+    token is the character tokenizer's (:func:`hetrl.models.tokenizer.build_char_tokenizer`).
+    """
+    import transformers
+
+    vision = cfg.vision
+    text = transformers.LlamaConfig(**hf_config_dict(cfg))
+    vision_config = transformers.CLIPVisionConfig(
+        hidden_size=vision.hidden_size, intermediate_size=vision.ffn_hidden_size, num_hidden_layers=vision.num_layers,
+        num_attention_heads=vision.num_attention_heads, image_size=vision.image_size, patch_size=vision.patch_size,
+        layer_norm_eps=vision.norm_epsilon, hidden_act="quick_gelu", projection_dim=cfg.hidden_size,
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision_config, text_config=text, image_token_index=CHAR_IMAGE_TOKEN_ID,
+        image_seq_length=vision.tokens_per_image, projector_hidden_act="gelu", vision_feature_select_strategy="default",
+        vision_feature_layer=-1, multimodal_projector_bias=True, tie_word_embeddings=cfg.tie_word_embeddings,
+    )
+    config.architectures = [HF_ARCHITECTURES["llava"]]
+    return config
+
+
+# transformers 5.19 saves LLaVA under its legacy names; vLLM loads only these (transformers loads both).
+_LLAVA_SAVED_TO_SERVED = (
+    ("language_model.model.", "model.language_model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.", "model.vision_tower.vision_model."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def _rename_llava_weights(path: Path) -> None:
+    """Rewrite a LLaVA safetensors file under the names vLLM loads (:data:`_LLAVA_SAVED_TO_SERVED`)."""
+    from safetensors.torch import load_file, save_file
+
+    def served(name: str) -> str:
+        for saved, serving in _LLAVA_SAVED_TO_SERVED:
+            if name.startswith(saved):
+                return serving + name[len(saved):]
+        raise ValueError(f"unexpected LLaVA tensor name {name!r} in {path}")
+
+    save_file({served(name): tensor for name, tensor in load_file(path).items()}, path, metadata={"format": "pt"})
+
+
+def save_llava_processor(out_dir: Path, cfg: ModelConfig, tokenizer) -> None:  # noqa: ANN001 - a transformers tokenizer
+    """The ``LlavaProcessor`` vLLM and transformers load beside a LLaVA checkpoint.
+
+    Images are resized to the encoder's square (no centre crop: a screenshot's edges matter) and
+    normalised with CLIP's statistics; each ``<image>`` in a prompt expands to the image's patches.
+    """
+    import transformers
+
+    side = cfg.vision.image_size
+    image_processor = transformers.CLIPImageProcessor(
+        size={"height": side, "width": side}, do_center_crop=False, crop_size={"height": side, "width": side},
+    )
+    processor = transformers.LlavaProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=cfg.vision.patch_size,
+        vision_feature_select_strategy="default", num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+    )
+    processor.save_pretrained(out_dir)
 
 
 def build_random_hf_checkpoint(cfg: ModelConfig, out_dir: Path, seed: int = 0, init_std: float = 0.02) -> Path:
@@ -78,14 +151,20 @@ def build_random_hf_checkpoint(cfg: ModelConfig, out_dir: Path, seed: int = 0, i
     import torch
     import transformers
 
-    from hetrl.models.tokenizer import save_char_tokenizer
+    from hetrl.models.tokenizer import build_char_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = hf_config(cfg)
     config.initializer_range = init_std
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model_class = transformers.AutoModelForImageTextToText if cfg.is_vlm else transformers.AutoModelForCausalLM
+    model = model_class.from_config(config, torch_dtype=torch.float32)
     model.save_pretrained(out_dir, safe_serialization=True)
-    save_char_tokenizer(out_dir, cfg.vocab_size)
+    if cfg.is_vlm:
+        _rename_llava_weights(out_dir / "model.safetensors")
+    tokenizer = build_char_tokenizer(cfg.vocab_size, image_token=cfg.is_vlm)
+    tokenizer.save_pretrained(out_dir)
+    if cfg.is_vlm:
+        save_llava_processor(out_dir, cfg, tokenizer)
     return out_dir
