@@ -6,6 +6,7 @@ Examples::
     python -m hetrl.inspect runs/tiny --flag any                  # every flagged sample
     python -m hetrl.inspect runs/tiny --flag format_violation --tokens   # + token-level engine/trainer log-probs
     python -m hetrl.inspect runs/tiny --min-len 500 --json        # one JSON object per sample, for scripts
+    python -m hetrl.inspect runs/tiny_vlm_grpo --worst 3 --images shots/   # + each sample's images as PNG files
 
 Works while the run is writing (the store is SWMR). Filters apply in this order: step, task, flag,
 length, then ``--worst/--best`` by total reward.
@@ -17,12 +18,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from hetrl.models.images import to_pil, to_png
 from hetrl.monitor.mismatch import mismatch_metrics, token_log_ratio
 from hetrl.monitor.rollout_store import RolloutReader, RolloutRecord, RolloutRow
 
@@ -80,7 +83,22 @@ def token_table(record: RolloutRecord, max_tokens: int | None = None) -> Table:
     return table
 
 
-def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tokens: int | None) -> None:
+def save_images(record: RolloutRecord, directory: Path) -> list[Path]:
+    """Write a sample's images as ``DIR/<sample id>-<k>.png`` (k counts from 0, in token order)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, image in enumerate(record.sample.images):
+        path = directory / f"{record.sample.sample_id}-{k}.png"
+        path.write_bytes(to_png(image))
+        paths.append(path)
+    return paths
+
+
+def _image_sizes(record: RolloutRecord) -> list[str]:
+    return ["{}x{}".format(*to_pil(image).size) for image in record.sample.images]
+
+
+def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tokens: int | None, image_dir: Path | None) -> None:
     s = record.sample
     console.rule(f"step {record.step} · {s.sample_id} · task {s.task_name} · reward {s.reward:.4g}")
     console.print(f"rewards: {s.rewards}  flags: {s.flags}  finish: {s.finish_reason}  turns: {s.num_turns}  tool calls: {s.num_tool_calls}")
@@ -88,6 +106,9 @@ def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tok
     console.print(f"weight versions: {min(policy_versions, default=-1)}..{max(policy_versions, default=-1)}  info: {json.dumps(s.info, default=repr)}")
     console.print("[bold]prompt:[/bold]", s.prompt_text or s.prompt_ids, markup=True, highlight=False)
     console.print("[bold]completion:[/bold]", s.completion_text or s.completion_ids, markup=True, highlight=False)
+    if s.images:
+        where = [str(p) for p in save_images(record, image_dir)] if image_dir else ["--images DIR saves them"]
+        console.print(f"images: {len(s.images)} ({', '.join(_image_sizes(record))}): {', '.join(where)}", highlight=False)
     if record.trainer_logprobs is not None:
         m = mismatch_metrics([s.logprobs], [record.trainer_logprobs], [s.loss_mask])
         console.print("mismatch: " + "  ".join(f"{k}={v:.4g}" for k, v in m.items()))
@@ -98,7 +119,8 @@ def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tok
 def record_json(record: RolloutRecord) -> dict:
     """A rollout as one JSON-ready dict (sample fields + step, trainer log-probs, per-token diff)."""
     s = record.sample
-    out = {"step": record.step, "file": record.file, "index": record.index, **vars(s), "trainer_logprobs": record.trainer_logprobs}
+    out = {"step": record.step, "file": record.file, "index": record.index, **vars(s), "trainer_logprobs": record.trainer_logprobs,
+           "images": _image_sizes(record)}  # their sizes: --images DIR writes the pictures
     if record.trainer_logprobs is not None:
         out["logprob_diff"] = np.round(token_log_ratio(s.logprobs, record.trainer_logprobs), 7).tolist()
     return out
@@ -119,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=200, help="rows of the token table per sample (default 200)")
     p.add_argument("--limit", type=int, default=10, help="samples shown in full after the summary (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object per selected sample instead of tables")
+    p.add_argument("--images", type=Path, metavar="DIR", help="write the shown samples' images (screenshots, scenes) to DIR as PNG files")
     return p
 
 
@@ -133,12 +156,14 @@ def main(argv: Sequence[str], out: IO[str] | None = None) -> int:
     rows = select_rows(reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best)
     if args.json:
         for record in reader.load(rows):
+            if args.images:
+                save_images(record, args.images)
             out.write(json.dumps(record_json(record), default=repr) + "\n")
         return 0
     console = Console(file=out, width=None if out.isatty() else 160, highlight=False)
     console.print(_summary_table(rows))
     for record in reader.load(rows[: args.limit]):
-        _print_record(console, record, args.tokens, args.max_tokens)
+        _print_record(console, record, args.tokens, args.max_tokens, args.images)
     if len(rows) > args.limit:
         console.print(f"... {len(rows) - args.limit} more (raise --limit or narrow the filters)")
     return 0

@@ -77,3 +77,25 @@ def test_worst_and_best_exclusive(synthetic_run):
 def test_missing_run_is_a_clear_error(tmp_path, capsys):
     assert main([str(tmp_path / "nope")], out=io.StringIO()) == 2
     assert "no rollout directory" in capsys.readouterr().err
+
+
+def test_images_are_listed_and_written(tmp_path):
+    """A multimodal sample's images: their sizes in the table view and in JSON, the PNG files with --images."""
+    import dataclasses
+
+    from PIL import Image
+
+    from hetrl.monitor.rollout_store import RolloutStore
+
+    samples, _ = make_samples(0)
+    sample = dataclasses.replace(samples[0], images=[Image.new("RGB", (32, 24), "red"), Image.new("RGB", (8, 8), "blue")])
+    with RolloutStore(tmp_path / "run" / "rollouts") as store:
+        store.append(0, [sample])
+    out = io.StringIO()
+    assert main([str(tmp_path / "run"), "--images", str(tmp_path / "shots")], out=out) == 0
+    assert "images: 2 (32x24, 8x8)" in out.getvalue()
+    written = sorted(p.name for p in (tmp_path / "shots").iterdir())
+    assert written == [f"{sample.sample_id}-0.png", f"{sample.sample_id}-1.png"]
+    assert Image.open(tmp_path / "shots" / written[0]).getpixel((0, 0)) == (255, 0, 0)
+    [record] = _run_json(tmp_path / "run")
+    assert record["images"] == ["32x24", "8x8"]

@@ -137,3 +137,33 @@ def test_flushed_rollouts_survive_a_killed_writer(tmp_path):
         proc.kill()
         proc.wait(timeout=60)
     _assert_equal(RolloutReader(tmp_path).records(), range(2))
+
+
+def test_images_round_trip_as_png(tmp_path):
+    """Multimodal samples keep their images (PNG bytes on disk, pixel-exact), and a v2 file reads as image-free."""
+    import dataclasses
+
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    from hetrl.models.images import to_pil
+
+    samples, lp = make_samples(0)
+    pictures = [Image.new("RGB", (16 + 8 * k, 12), (40 * k, 200, 30)) for k in range(3)]
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 24, 3), dtype=np.uint8))
+    samples = [dataclasses.replace(samples[0], images=pictures), dataclasses.replace(samples[1], images=[noise]), *samples[2:]]
+    with RolloutStore(tmp_path, flush_every=2) as store:
+        store.append(0, samples, trainer_logprobs=lp)
+    records = RolloutReader(tmp_path).records()
+    assert [len(r.sample.images) for r in records] == [len(s.images) for s in samples]
+    for record, sample in zip(records, samples):
+        assert all(isinstance(image, bytes) for image in record.sample.images)
+        for stored, original in zip(record.sample.images, sample.images):
+            assert np.array_equal(np.asarray(to_pil(stored)), np.asarray(original))
+        assert dataclasses.replace(record.sample, images=[]) == dataclasses.replace(sample, images=[])
+
+    [path] = RolloutReader(tmp_path).files()
+    with h5py.File(path, "a") as f:  # what the v2 format wrote: no image fields
+        del f["ragged/image_bytes"], f["ragged/image_lengths"]
+    assert all(r.sample.images == [] for r in RolloutReader(tmp_path).records())

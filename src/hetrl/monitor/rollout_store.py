@@ -9,7 +9,8 @@ Why the layout is flat. Concurrent reading uses HDF5's single-writer/multiple-re
 which forbids creating objects after the switch and does not support variable-length types. So all
 datasets are created up front as 1-D, chunked, unlimited arrays of fixed-size types: per-sample
 columns under ``/samples`` and, for every ragged field (token lists and UTF-8 strings), a flat
-``values`` array plus a per-sample cumulative ``end`` offset under ``/ragged/<field>``. A flush
+``values`` array plus a per-sample cumulative ``end`` offset under ``/ragged/<field>`` (images too:
+their PNG bytes end to end, and each image's byte length). A flush
 writes the ragged values first, then the offsets, then the per-sample columns, ``step`` last:
 ``len(step)`` is the commit mark, so a reader that refreshes ``step`` first never sees a sample
 whose data are not yet visible.
@@ -31,6 +32,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from hetrl.models.images import to_png
 from hetrl.types import Sample
 
 # ragged field -> (dtype, the field whose offsets it shares). Completion-aligned per-token lists
@@ -45,6 +47,9 @@ _TOKEN_FIELDS: dict[str, tuple[type, str]] = {
     # Routing replay (MoE): the engine's experts, [rows, layers, top_k] flattened (shape in the
     # routing_layers / routing_topk columns; 0 rows without routing).
     "routed_experts": (np.uint16, "routed_experts"),
+    # Images (multimodal episodes): each image's PNG bytes, concatenated, and each image's byte length.
+    "image_bytes": (np.uint8, "image_bytes"),
+    "image_lengths": (np.int64, "image_lengths"),
 }
 _STRING_FIELDS = (
     "sample_id", "group_id", "task_name", "finish_reason", "prompt_text", "completion_text",
@@ -55,7 +60,7 @@ _COLUMNS: dict[str, type] = {
     "min_version": np.int32, "max_version": np.int32, "routing_layers": np.int16, "routing_topk": np.int16,
     "step": np.int64,  # the commit mark (see module docstring), written after everything else
 }
-_OFFSET_FIELDS = ("prompt_ids", "completion_ids", "routed_experts", *_STRING_FIELDS)
+_OFFSET_FIELDS = ("prompt_ids", "completion_ids", "routed_experts", "image_bytes", "image_lengths", *_STRING_FIELDS)
 _VALUE_CHUNK = 1 << 16
 _COLUMN_CHUNK = 1 << 10
 ROLLOUT_DIR = "rollouts"
@@ -101,7 +106,7 @@ class RolloutStore:
             f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=dtype, chunks=(_VALUE_CHUNK,), **opts)
         for field_name in _STRING_FIELDS:
             f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=np.uint8, chunks=(_VALUE_CHUNK,), **opts)
-        f.attrs["format"] = "hetrl-rollouts-v2"  # v2: routed_experts
+        f.attrs["format"] = "hetrl-rollouts-v3"  # v2: routed_experts; v3: images
         f.swmr_mode = True
         # Handles cached: h5py's path lookup per access dominated small flushes.
         self._datasets = {
@@ -139,11 +144,14 @@ class RolloutStore:
         columns: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
         for step, s, trainer_lp in self._pending:
             n = len(s.completion_ids)
+            pngs = [to_png(image) for image in s.images]
             tokens = {
                 "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "loss_mask": s.loss_mask,
                 "engine_logprobs": s.logprobs, "versions": s.versions,
                 "trainer_logprobs": trainer_lp if trainer_lp is not None else np.full(n, np.nan),
                 "routed_experts": s.routed_experts if s.routed_experts is not None else np.zeros(0),
+                "image_bytes": np.frombuffer(b"".join(pngs), dtype=np.uint8),
+                "image_lengths": [len(png) for png in pngs],
             }
             for k, (dtype, _) in _TOKEN_FIELDS.items():
                 values[k].append(np.asarray(tokens[k], dtype=dtype).reshape(-1))
@@ -343,6 +351,12 @@ def _routing(flat: np.ndarray, cols: dict[str, np.ndarray], i: int) -> np.ndarra
     return flat.reshape(-1, layers, topk) if layers else None
 
 
+def _images(blob: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    """A sample's images as PNG bytes, split by their byte lengths."""
+    data, bounds = blob.tobytes(), np.concatenate([[0], np.cumsum(lengths)])
+    return [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[str, np.ndarray]) -> RolloutRecord:
     text = {k: of.ragged(k, i, ends).tobytes().decode("utf-8") for k in _STRING_FIELDS}
     tok = {k: of.ragged(k, i, ends) for k in _TOKEN_FIELDS}
@@ -354,6 +368,7 @@ def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[
         answer=json.loads(text["answer_json"]), rewards=json.loads(text["rewards_json"]), reward=float(cols["reward"][i]),
         flags=json.loads(text["flags_json"]), num_turns=int(cols["num_turns"][i]), num_tool_calls=int(cols["num_tool_calls"][i]),
         info=json.loads(text["info_json"]), routed_experts=_routing(tok["routed_experts"], cols, i),
+        images=_images(tok["image_bytes"], tok["image_lengths"]),
     )
     trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][i] else None
     return RolloutRecord(int(cols["step"][i]), sample, trainer, str(of.path), i)
