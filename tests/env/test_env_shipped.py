@@ -123,6 +123,25 @@ def test_multimodal_env_sends_images(codec):
     assert wrong.rewards == {"env": 0.0}
 
 
+def test_shapes_options_choose_questions_and_scene_sizes():
+    from hetrl.config.env import TaskSourceConfig
+    from hetrl.env.registry import build_task_source
+
+    totals = build_task_source(TaskSourceConfig(source="shapes", size=40, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 3}), 0)
+    for task in (totals[i] for i in range(40)):
+        assert task.messages[0]["content"].startswith("How many shapes are in the image?")
+        assert task.answer == str(len(task.metadata["shapes"])) and 1 <= len(task.metadata["shapes"]) <= 3
+    default = ShapesSource(size=40, seed=0)
+    asked = {t.messages[0]["content"].split("?")[0].split()[-1] for t in (default[i] for i in range(40))}
+    assert asked == {"image", "circle", "square", "triangle"}  # "How many <colour> shapes are in the image?" or "... are a <kind>?"
+    with pytest.raises(ValueError, match="subset of"):
+        ShapesSource(4, 0, {"questions": ["area"]})
+    with pytest.raises(ValueError, match="unknown env.tasks.options"):
+        ShapesSource(4, 0, {"colours": 3})
+    with pytest.raises(ValueError, match="options is not used by task source 'screen_tasks'"):
+        TaskSourceConfig(source="screen_tasks", options={"questions": ["total"]})
+
+
 def test_build_env_allowlist_and_options(runner):
     with pytest.raises(ValueError, match="valid names: code, math, multimodal, screen, terminal, tool_math"):
         build_env(EnvConfig(name="os.system"))

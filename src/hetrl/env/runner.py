@@ -25,7 +25,8 @@ from hetrl.types import CONVERSATION_KEY, GenerationResult, Sample, SamplingPara
 GenerateFn = Callable[..., Awaitable[GenerationResult]]
 
 
-def _images_of(messages: list[Message]) -> list[Any]:
+def images_of(messages: list[Message]) -> list[Any]:
+    """The images of a conversation's messages, in the order their placeholders are tokenised."""
     return [p["image"] for m in messages if isinstance(m.get("content"), list)
             for p in m["content"] if p.get("type") == "image" and "image" in p]
 
@@ -87,7 +88,7 @@ async def run_episode(
         raise ValueError(f"max_turns and max_episode_tokens must be >= 1, got {max_turns} and {max_episode_tokens}")
     codec = tokenizer if isinstance(tokenizer, ChatCodec) else ChatCodec(tokenizer)
     messages = list(await env.reset(task, seed))
-    images = _images_of(messages)
+    images = images_of(messages)
     if images and not accepts_images(generate):
         raise ValueError(f"task {task.task_id} has images but the generate function takes no images= argument")
     prompt_ids = codec.prompt_ids(messages)
@@ -125,7 +126,7 @@ async def run_episode(
             break
         traj.add_observation(obs_ids)
         messages.extend(step.observations)
-        images += _images_of(step.observations)
+        images += images_of(step.observations)
     if stop_reason in ("max_turns", "max_episode_tokens", "prompt_too_long"):
         finish_reason = "length"
     info["stop_reason"] = stop_reason

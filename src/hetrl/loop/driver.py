@@ -36,18 +36,21 @@ def eval_tasks(cfg: HetrlConfig) -> list[tuple[Any, int]]:
 
 
 def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int) -> list[list[Sample]]:
-    """Warm-start demonstrations: the environment's own prompt, the reference answer as completion."""
+    """Warm-start demonstrations: the environment's own prompt (images included), the reference answer as completion."""
     from hetrl.env.registry import build_env
+    from hetrl.env.runner import images_of
 
     env = build_env(cfg.env, sandbox=cfg.reward.sandbox)
     groups = []
     for index in range(count):
         task, seed = stream.next()
-        prompt_ids = codec.prompt_ids(asyncio.run(env.reset(task, seed)))
+        messages = asyncio.run(env.reset(task, seed))
+        prompt_ids = codec.prompt_ids(messages)
         completion = codec.encode(cfg.warm_start.template.format(answer=task.answer)) + [tokenizer.eos_token_id]
         n = len(completion)
         sample_id = f"w{step}.{index}"
-        groups.append([Sample(sample_id, sample_id, task.source, prompt_ids, completion, [1] * n, [0.0] * n, [0] * n, answer=task.answer)])
+        groups.append([Sample(sample_id, sample_id, task.source, prompt_ids, completion, [1] * n, [0.0] * n, [0] * n, answer=task.answer,
+                              images=images_of(messages))])
     return groups
 
 

@@ -41,28 +41,51 @@ def render_scene(shapes: list[dict[str, Any]], size: int = IMAGE_SIZE):
     return image
 
 
-def make_scene(rng: random.Random) -> tuple[list[dict[str, Any]], str, str]:
-    """(shapes, question, answer) for one seeded scene."""
-    cells = rng.sample(range((IMAGE_SIZE // CELL) ** 2), rng.randint(2, 7))
+QUESTIONS = ("colour", "kind", "total")  # count the shapes of a colour, of a kind, or all of them
+
+
+def make_scene(rng: random.Random, questions: tuple[str, ...] = ("colour", "kind"), min_shapes: int = 2,
+               max_shapes: int = 7) -> tuple[list[dict[str, Any]], str, str]:
+    """(shapes, question, answer) for one seeded scene; the question is one of ``questions`` (:data:`QUESTIONS`)."""
+    cells = rng.sample(range((IMAGE_SIZE // CELL) ** 2), rng.randint(min_shapes, max_shapes))
     shapes = [{"kind": rng.choice(KINDS), "colour": rng.choice(sorted(COLOURS)), "cell": c} for c in cells]
-    if rng.random() < 0.5:
+    asked = rng.choice(questions)
+    if asked == "colour":
         colour = rng.choice(sorted(COLOURS))
         question = f"How many {colour} shapes are in the image?"
         answer = str(sum(s["colour"] == colour for s in shapes))
-    else:
+    elif asked == "kind":
         kind = rng.choice(KINDS)
         question = f"How many shapes in the image are a {kind}?"
         answer = str(sum(s["kind"] == kind for s in shapes))
+    else:
+        question, answer = "How many shapes are in the image?", str(len(shapes))
     return shapes, question, answer
 
 
 class ShapesSource(ProceduralSource):
-    """Seeded scene questions; the answer is a count, as a string."""
+    """Seeded scene questions; the answer is a count, as a string.
+
+    ``options`` (``env.tasks.options``): ``questions``, a subset of :data:`QUESTIONS` (default colour
+    and kind); ``min_shapes``/``max_shapes`` per scene (default 2-7, at most 16 cells).
+    """
 
     name = "shapes"
 
+    def __init__(self, size: int, seed: int, options: dict[str, Any] | None = None) -> None:
+        super().__init__(size, seed)
+        options = dict(options or {})
+        self.questions = tuple(options.pop("questions", ("colour", "kind")))
+        self.min_shapes, self.max_shapes = int(options.pop("min_shapes", 2)), int(options.pop("max_shapes", 7))
+        if options:
+            raise ValueError(f"shapes: unknown env.tasks.options {sorted(options)} (known: questions, min_shapes, max_shapes)")
+        if not self.questions or set(self.questions) - set(QUESTIONS):
+            raise ValueError(f"shapes: env.tasks.options.questions={list(self.questions)} must be a non-empty subset of {list(QUESTIONS)}")
+        if not 1 <= self.min_shapes <= self.max_shapes <= (IMAGE_SIZE // CELL) ** 2:
+            raise ValueError(f"shapes: need 1 <= min_shapes ({self.min_shapes}) <= max_shapes ({self.max_shapes}) <= {(IMAGE_SIZE // CELL) ** 2}")
+
     def make(self, rng: random.Random, index: int) -> Task:
-        shapes, question, answer = make_scene(rng)
+        shapes, question, answer = make_scene(rng, self.questions, self.min_shapes, self.max_shapes)
         return Task(task_id=f"shapes/{index}", source=self.name,
                     messages=[{"role": "user", "content": question + " Give the number inside <answer></answer> tags."}],
                     answer=answer, metadata={"shapes": shapes})
