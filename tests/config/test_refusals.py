@@ -29,6 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ("moe_grpo", ["nodes=128", "warm_start.steps=1", "warm_start.batch_size=64"], "warm_start.batch_size=64 cannot feed the trainer's 128 data-parallel ranks"),
         ("moe_grpo", ["model.moe_router_topk=1"], "moe_router_topk=1: .*use moe_router_topk >= 2"),
         ("tiny_grpo", ["model.vocab_size=64"], "model.vocab_size=64 is smaller than the built-in character tokenizer.*>= 101"),
+        ("tiny_vlm_grpo", ["model.vocab_size=101"], r"model.vocab_size=101 is smaller .*>= 102 \(its <image> token included\)"),
+        # images need a vision-language policy; the image ablation needs scenes drawn from tasks
+        ("tiny_grpo", ["env.name=multimodal", "env.tasks.source=shapes", "env.tasks.options={}", "env.tasks.answer_instruction=null"],
+         "env.name=multimodal shows the policy images, but model.arch=llama is a text model"),
+        ("tiny_grpo", ["eval.image_ablation=true"], "eval.image_ablation=true .* only env.name=multimodal"),
         # what CPU-only profiles cannot do (trainer/parallel.py check_layout, transformer-engine, CUDA IPC); sequence
         # parallelism they can, so MoE under TP needs it there as on GPUs (megatron's MoELayer)
         ("tiny_grpo", ["trainer.precision=bf16"], "trainer.precision='bf16' on a CPU-only cluster profile"),

@@ -162,3 +162,14 @@ def test_same_seed_same_terminal_episode(codec, runner):
     first = dataclasses.asdict(play(TerminalEnv(runner), task, codec, script, seed=4)[0])
     again = dataclasses.asdict(play(TerminalEnv(runner), FileOpsSource(size=3, seed=9)[1], codec, script, seed=4)[0])
     assert first == again
+
+
+def test_swap_scenes_keeps_questions_and_moves_images(codec):
+    from hetrl.env.envs.multimodal import swap_scenes
+
+    tasks = [ShapesSource(size=5, seed=1, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 6})[i] for i in range(5)]
+    swapped = swap_scenes(tasks)
+    assert [t.messages for t in swapped] == [t.messages for t in tasks] and [t.answer for t in swapped] == [t.answer for t in tasks]
+    assert [t.metadata for t in swapped] == [t.metadata for t in tasks[1:] + tasks[:1]]
+    sample, _ = play(MultimodalEnv(), swapped[0], codec, lambda c: "<answer>1</answer>")
+    assert sample.images[0].tobytes() == render_scene(tasks[1].metadata["shapes"]).tobytes()

@@ -82,6 +82,9 @@ class EvalConfig(Section):
     num_tasks: int = Field(64, ge=1, description="Held-out tasks per evaluation.")
     k: int = Field(1, ge=1, description="Samples per task for mean@k / pass@k.")
     temperature: float = Field(0.0, ge=0.0, description="Eval sampling temperature (0 = greedy).")
+    image_ablation: bool = Field(
+        False, description="env multimodal: after the final eval, score the policy again on the same tasks with every image moved to another task (does it look at the image?)."
+    )
 
 
 class CheckpointConfig(Section):

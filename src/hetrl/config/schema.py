@@ -53,6 +53,7 @@ class HetrlConfig(Section):
         _check_batch_and_lengths(self)
         _check_adaptive_staleness(self)
         _check_reward_server(self)
+        _check_vision(self)
         return self
 
 
@@ -82,9 +83,10 @@ def _check_model_layout(cfg: HetrlConfig) -> None:
         valid = [d for d in range(1, m.moe_ffn_hidden_size + 1) if m.moe_ffn_hidden_size % d == 0 and (not gpn or d <= gpn)][:8]
         raise ValueError(f"trainer.tensor_parallel={tp} does not divide model.moe_ffn_hidden_size={m.moe_ffn_hidden_size} "
                          f"(megatron splits each expert's MLP over TP); valid tensor_parallel values: {valid}")
-    if m.hf_checkpoint is None and m.vocab_size < MIN_VOCAB_SIZE:
+    if m.hf_checkpoint is None and m.vocab_size < MIN_VOCAB_SIZE + m.is_vlm:
         raise ValueError(f"model.vocab_size={m.vocab_size} is smaller than the built-in character tokenizer a random-init model "
-                         f"(model.hf_checkpoint=null) is written with: set model.vocab_size >= {MIN_VOCAB_SIZE}")
+                         f"(model.hf_checkpoint=null) is written with: set model.vocab_size >= {MIN_VOCAB_SIZE + m.is_vlm}"
+                         + (" (its <image> token included)" if m.is_vlm else ""))
 
 
 def _check_engines(cfg: HetrlConfig) -> None:
@@ -152,3 +154,16 @@ def _check_reward_server(cfg: HetrlConfig) -> None:
         raise ValueError(f"reward.server.request_timeout_s={server.request_timeout_s:g} must be shorter than monitor.hang_timeout_s="
                          f"{hang:g}: a request stuck on one replica is re-sent to another only after it, and the watchdog would end "
                          "the job first; lower reward.server.request_timeout_s")
+
+
+IMAGE_ENVIRONMENTS = ("multimodal", "screen")  # environments whose observations are images
+
+
+def _check_vision(cfg: HetrlConfig) -> None:
+    """Images need a vision-language policy (env/runner.py refuses to send them to a text engine)."""
+    if cfg.env.name in IMAGE_ENVIRONMENTS and not cfg.model.is_vlm:
+        raise ValueError(f"env.name={cfg.env.name} shows the policy images, but model.arch={cfg.model.arch} is a text model: "
+                         "use a vision-language policy (model=tiny_llava, or model.arch=llava with model.vision)")
+    if cfg.eval.image_ablation and cfg.env.name != "multimodal":
+        raise ValueError(f"eval.image_ablation=true moves each task's scene to another task, which only env.name=multimodal "
+                         f"draws from its task (got env.name={cfg.env.name})")

@@ -93,6 +93,10 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
             resume.safe_point(ctx, orch, state)
         resume.save(ctx, orch, state)  # before the final eval: a pre-emption there loses no training
         summary["eval_after"] = orch.evaluate(held_out)[0]
+        if cfg.eval.image_ablation:
+            from hetrl.env.envs.multimodal import swap_scenes
+
+            summary["eval_after_images_swapped"] = orch.evaluate(list(zip(swap_scenes([t for t, _ in held_out]), [s for _, s in held_out])))[0]
         summary["trained_samples"] = state.trained_before + len(orch.ledger.trained)
         summary["dropped_stale_samples"] = orch.ledger.dropped_stale
         summary["refused_weight_pushes"] = orch.refused_pushes_total
@@ -102,6 +106,9 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         print(f"[hetrl] held-out mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
               + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
               + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}", flush=True)
+        if cfg.eval.image_ablation:
+            print(f"[hetrl] image ablation: the final policy on the same tasks with each image moved to another task: "
+                  f"{summary['eval_after_images_swapped']:.3f} (with its own images {summary['eval_after']:.3f})", flush=True)
     finally:
         monitor.close()
         orch.shutdown()

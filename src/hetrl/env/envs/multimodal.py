@@ -8,6 +8,7 @@ and keeps them in ``Sample.images`` for the trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -89,6 +90,16 @@ class ShapesSource(ProceduralSource):
         return Task(task_id=f"shapes/{index}", source=self.name,
                     messages=[{"role": "user", "content": question + " Give the number inside <answer></answer> tags."}],
                     answer=answer, metadata={"shapes": shapes})
+
+
+def swap_scenes(tasks: list[Task]) -> list[Task]:
+    """The same questions and answers, each shown the next task's scene (the last one the first's).
+
+    A policy that reads the image scores worse on these than on ``tasks``; one that answers from
+    the question alone scores the same (``eval.image_ablation``).
+    """
+    scenes = [task.metadata for task in tasks[1:] + tasks[:1]]
+    return [dataclasses.replace(task, task_id=f"{task.task_id}/swapped", metadata=scene) for task, scene in zip(tasks, scenes)]
 
 
 class MultimodalEnv(MathEnv):
