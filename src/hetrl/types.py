@@ -63,6 +63,7 @@ class GenerationResult:
 
 
 REWARD_METRICS_KEY = "reward_metrics"  # Sample.info key of the reward functions' per-sample metrics (name -> value)
+ENV_REWARD_KEY = "env"  # Sample.rewards key of the environment's own verdict (summed by the episode runner)
 CONVERSATION_KEY = "messages"  # Sample.info key of the episode as chat messages, text only ({"role", "content"} each)
 
 

@@ -25,11 +25,12 @@ REWARD_ALLOWLIST: dict[str, str] = {
     "closeness": "hetrl.reward.shaping:NumericCloseness",
     "reward_model": "hetrl.reward.reward_model:RewardModelReward",
     "judge": "hetrl.reward.judge:JudgeReward",
+    "env": "hetrl.reward.environment:EnvironmentReward",
 }
 
 
 class RewardFunctionConfig(Section):
-    name: str = Field(description="Reward function name, one of REWARD_ALLOWLIST (math, code, format, overlong, length, repetition, closeness, reward_model, judge).")
+    name: str = Field(description="Reward function name, one of REWARD_ALLOWLIST (math, code, format, overlong, length, repetition, closeness, reward_model, judge, env: the environment's own verdict).")
     weight: float = Field(1.0, description="Weight in the total reward; 0 computes it as a metric only.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the reward function's constructor.")
     source: str | None = Field(None, description="Name under which its value appears in per_source/metrics; defaults to `name` (set it to use one function twice).")

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from hetrl.env.base import Environment, Message, Task
 from hetrl.env.chat import ChatCodec
-from hetrl.types import CONVERSATION_KEY, GenerationResult, Sample, SamplingParams
+from hetrl.types import CONVERSATION_KEY, ENV_REWARD_KEY, GenerationResult, Sample, SamplingParams
 
 # (prompt_ids, sampling) -> result; an engine that takes images also accepts ``images=`` (a list).
 GenerateFn = Callable[..., Awaitable[GenerationResult]]
@@ -137,7 +137,7 @@ async def run_episode(
         prompt_ids=prompt_ids, completion_ids=traj.ids, loss_mask=traj.mask,
         logprobs=traj.logprobs, versions=traj.versions, finish_reason=finish_reason,
         prompt_text=codec.decode(prompt_ids), completion_text=codec.decode(traj.ids),
-        answer=task.answer, rewards={"env": float(sum(scored))} if scored else {},
+        answer=task.answer, rewards={ENV_REWARD_KEY: float(sum(scored))} if scored else {},
         num_turns=num_turns, num_tool_calls=int(info.get("num_tool_calls", 0)), info=info,
         images=images, routed_experts=routed_experts,
     )

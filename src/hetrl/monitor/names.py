@@ -81,6 +81,8 @@ JUDGE_FAILED_FRAC = _spec("judge/failed_frac", "Fraction of judged samples for w
                           "(reward.judge.default_score was used).", "fraction")
 JUDGE_SCORE_MASS = _spec("judge/score_mass", "reward.judge.scoring=expected: mean probability the judge put on the scale's integers "
                          "as its next token (near 0: the judge is not answering the question asked).", "fraction")
+ENV_UNSCORED_FRAC = _spec("env/unscored_frac", "reward source env: fraction of episodes their environment returned no verdict for "
+                          "(scored 0, flagged reward/env_unscored).", "fraction")
 HACK_PROXY_CORR = _spec(
     "hack/proxy_corr", "Pearson correlation over the step's samples between the learned rewards (sources judge, reward_model) and "
     "the verifiable ones (math, code), when a step has both; falling to 0 or below while the learned reward rises: the policy "
