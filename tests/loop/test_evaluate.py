@@ -64,6 +64,20 @@ def test_model_shape_check():
         check_model_shape(model, {**hf_config_dict(model), "architectures": ["Qwen2ForCausalLM"]}, "x")
 
 
+def test_model_shape_check_of_a_vision_language_checkpoint():
+    from hetrl.models.hf import hf_config
+
+    model = load_config("tiny_vlm_grpo").model
+    saved = hf_config(model).to_dict()  # what config.json of a LLaVA checkpoint holds: text and vision nested
+    check_model_shape(model, saved, "x")
+    with pytest.raises(CheckpointError, match="vision.patch_size: recipe 16, checkpoint 8"):
+        check_model_shape(model, {**saved, "vision_config": {**saved["vision_config"], "patch_size": 8}}, "x")
+    with pytest.raises(CheckpointError, match="num_hidden_layers: recipe 2, checkpoint 3"):
+        check_model_shape(model, {**saved, "text_config": {**saved["text_config"], "num_hidden_layers": 3}}, "x")
+    with pytest.raises(CheckpointError, match="architecture: recipe LlavaForConditionalGeneration"):
+        check_model_shape(model, {**hf_config_dict(load_config("tiny_grpo").model), "architectures": ["LlamaForCausalLM"]}, "x")
+
+
 def test_trainer_checkpoint_of_another_shape_is_refused_before_loading(tmp_path):
     root = fake_trainer_run(tmp_path / "run", ["model.num_layers=3"])
     with pytest.raises(CheckpointError, match="num_hidden_layers: recipe 2, checkpoint 3"):

@@ -62,15 +62,28 @@ class EvalReport:
 # --------------------------------------------------------------------------- checkpoint formats
 
 
+_VISION_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")
+
+
 def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
-    return {key: config.get(key) for key in _SHAPE_KEYS if config.get(key) is not None}
+    """The shapes an HF config fixes; a vision-language config's text model under the same names, its vision tower as vision.*."""
+    text = config.get("text_config") or config
+    shape = {key: text.get(key) for key in _SHAPE_KEYS if text.get(key) is not None}
+    vision = config.get("vision_config") or {}
+    return shape | {f"vision.{key}": vision[key] for key in _VISION_SHAPE_KEYS if vision.get(key) is not None}
+
+
+def _recipe_shape(model: ModelConfig) -> dict[str, Any]:
+    from hetrl.models.hf import hf_config, hf_config_dict
+
+    return _shape_of(hf_config(model).to_dict() if model.is_vlm else hf_config_dict(model))
 
 
 def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> None:
     """Raise if the HF config dict ``found`` (from ``where``) describes other shapes than ``model``."""
-    from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
+    from hetrl.models.hf import HF_ARCHITECTURES
 
-    expected, actual = _shape_of(hf_config_dict(model)), _shape_of(found)
+    expected, actual = _recipe_shape(model), _shape_of(found)
     wrong = [f"{key}: recipe {expected[key]}, checkpoint {actual[key]}" for key in expected if key in actual and actual[key] != expected[key]]
     architectures = found.get("architectures") or []
     if architectures and HF_ARCHITECTURES[model.arch] not in architectures:
@@ -85,12 +98,12 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     import yaml
 
     from hetrl.config.loader import validate_tree
-    from hetrl.models.hf import HF_ARCHITECTURES, hf_config_dict
+    from hetrl.models.hf import HF_ARCHITECTURES
 
     run_config = run_dir_of(step_dir) / rundir.CONFIG
     if run_config.exists():
         run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
-        found = {**hf_config_dict(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
+        found = {**_recipe_shape(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
         check_model_shape(cfg.model, found, f"{step_dir} (per {run_config})")
 
 
@@ -113,10 +126,10 @@ async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[t
     waiting: dict[str, asyncio.Future] = {}
     request_ids = itertools.count()
 
-    async def generate(prompt_ids: list[int], params: SamplingParams, **_: Any) -> GenerationResult:
+    async def generate(prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
         request_id = f"eval-{next(request_ids)}"
         waiting[request_id] = asyncio.get_running_loop().create_future()
-        engine.submit(GenerationRequest(request_id, prompt_ids, params))
+        engine.submit(GenerationRequest(request_id, prompt_ids, params, images=list(images or [])))
         return await waiting[request_id]
 
     async def episode(task: Any, seed: int, sample_id: str, group_id: str) -> Sample:
