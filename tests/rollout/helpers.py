@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -20,6 +21,17 @@ def load_hf(path: Path):
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval()
+
+
+class Messages(logging.Handler):
+    """The messages a logger passed on (after its filters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
 
 
 def free_port() -> int:

@@ -97,6 +97,14 @@ def test_overlong_prompt_is_rejected_not_fatal(engine):
     assert results[("fine", 0)].finish_reason == "length" and len(results[("fine", 0)].response_ids) == 4
 
 
+def test_images_sent_to_a_text_model_are_rejected(engine):
+    from PIL import Image
+
+    request = GenerationRequest("seeing", _prompts(1)[0], SamplingParams(max_tokens=4), images=[Image.new("RGB", (8, 8))])
+    (result,) = engine.generate([request])
+    assert result.finish_reason == "rejected" and "1 image(s) sent to LlamaForCausalLM, a model that takes no images" in result.error
+
+
 def test_max_tokens_and_stop_token(engine):
     prompt = _prompts(1)[0]
     (free,) = engine.generate([GenerationRequest("free", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))])

@@ -13,19 +13,10 @@ import torch
 
 from hetrl.rollout.engine import _RotaryReloadNotice
 from hetrl.transport.weights import bucketize
-from tests.rollout.helpers import BUCKET_BYTES, greedy_engine, push_over_gloo, state_of
+from tests.rollout.helpers import BUCKET_BYTES, Messages, greedy_engine, push_over_gloo, state_of
 
 pytestmark = pytest.mark.vllm
 NOTICE = "RotaryEmbedding: Failed to load weights"
-
-
-class _Messages(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen.append(record.getMessage())
 
 
 def _rotary_caches(worker) -> dict[str, torch.Tensor]:
@@ -40,7 +31,7 @@ def _push(engine, model, version: int) -> None:
 
 def test_push_keeps_the_rotary_cache_and_its_warning_is_filtered(checkpoints, hf, monkeypatch):
     engine = greedy_engine(checkpoints["a"])
-    messages = _Messages()
+    messages = Messages()
     reload_logger = logging.getLogger(_RotaryReloadNotice.LOGGER)
     reload_logger.addHandler(messages)
     try:

@@ -78,11 +78,13 @@ class RolloutWorker:
 
         return GenerationEngine(self.model_dir, self.cfg.rollout, seed=self.cfg.run.seed + self.ctx.assignment.role_rank)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, **_: Any) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
+        """One turn of an episode: ``images`` (a multimodal episode's, so far) go to the engine with the ids, one
+        placeholder id per image; the episode runner keeps them on the sample."""
         request_id = f"r{self.ctx.rank}-{next(self._request_ids)}"
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
-        self.engine.submit(GenerationRequest(request_id, prompt_ids, sampling))
+        self.engine.submit(GenerationRequest(request_id, prompt_ids, sampling, images=list(images or ())))
         return await future
 
     async def _episode(self, item: EpisodeItem, sampling: SamplingParams) -> None:

@@ -19,6 +19,20 @@ decoding steps. Contract with the rollout loop:
 Only the sampled token's log-prob is requested (``logprobs=0``): with a temperature other than 1
 the engine runs in vLLM's ``processed_logprobs`` mode, i.e. ``log_softmax(logits / T)``, which is
 what the trainer recomputes.
+
+Vision-language models (LLaVA): a request's ``images`` go with its token ids, which hold ONE image
+placeholder id per image, in order (vLLM expands each to the image's positions; already-expanded
+ids would be read as more images). A request whose placeholder count differs from its image count
+is rejected, as are images sent to a text model. The images travel with a sample through
+interruptions: a resumed sample's prompt carries the same images. The placeholder is banned from
+sampling (a random policy samples it, and a sampled one would read as an image that is not
+there); in ``raw_logprobs`` mode (T = 1) the log-probs are computed before that ban, over the
+whole vocabulary, as the trainer recomputes them. With T != 1 vLLM's processed log-probs come
+after it: they are of the distribution without the placeholder. A push may leave the vision tower
+out (a frozen tower); the projector and language model must be complete. After every push the
+encoder cache is dropped with the prefix cache (vision features of the old weights must not be
+reused). What the engine asks of the model is in :mod:`hetrl.rollout.vision`; without torchvision
+(CPU installs), vLLM's LLaVA needs :mod:`hetrl.rollout.cpu_torchvision_shim`.
 """
 
 from __future__ import annotations
@@ -28,12 +42,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
-from hetrl.rollout import worker_extension
+from hetrl.rollout import cpu_torchvision_shim, worker_extension
+from hetrl.rollout.vision import FROZEN_TOWER_NOTICES, VISION_TOWER_PREFIX, image_inputs_of, reads_images
 from hetrl.transport.weights import shared_memory
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
 from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
@@ -195,9 +210,12 @@ class GenerationEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         logging.getLogger(_RotaryReloadNotice.LOGGER).addFilter(_ROTARY_RELOAD_NOTICE)  # once per process: same object
+        FROZEN_TOWER_NOTICES.attach()
 
         self.model_path = str(model_path)
         self.architecture = check_servable(model_path)
+        if reads_images(model_path):
+            cpu_torchvision_shim.apply(self.architecture)  # a no-op where torchvision works
         self.expected_weights = checkpoint_weights(model_path)
         self.cfg = cfg
         self.version = version
@@ -207,6 +225,11 @@ class GenerationEngine:
             shared_memory.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
+        try:
+            self.image_inputs = image_inputs_of(self._engine, self.max_model_len) if self._engine.model_config.is_multimodal_model else None
+        except Exception:
+            self.shutdown()
+            raise
         # Routing replay: vLLM returns each request's routing on GPU; elsewhere hetrl's capture in the workers.
         self._capture_routing = cfg.captures_routing and not self.on_gpu
         if self._capture_routing and not all(self._engine.collective_rpc("start_routing_capture")):
@@ -260,10 +283,15 @@ class GenerationEngine:
         return bool(self._active or self._finished)
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue ``request`` (its n samples decode independently); a prompt that cannot fit is rejected."""
+        """Queue ``request`` (its n samples decode independently); a prompt that cannot fit is rejected.
+
+        Images (PIL or encoded bytes) are taken as RGB PIL copies: the caller's list may grow after this
+        (a multi-turn episode adds an observation's images to it).
+        """
         if self._broken:
             raise RuntimeError(f"engine refuses work: {self._broken}")
-        reason = self._rejection(request)
+        request, reason = self._with_pil_images(request)
+        reason = reason or self._rejection(request)
         if reason:
             self.num_rejected += 1
             logger.warning("rejected request %s: %s", request.request_id, reason)
@@ -272,11 +300,37 @@ class GenerationEngine:
         for index in range(request.sampling.n):
             self._start(_Sample(request, index))
 
+    def _with_pil_images(self, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
+        """``request`` with its images as PIL copies, or the reason they cannot be taken."""
+        if not request.images:
+            return request, None
+        if self.image_inputs is None:
+            return request, f"{len(request.images)} image(s) sent to {self.architecture}, a model that takes no images"
+        from hetrl.models.images import to_pil
+
+        try:
+            return replace(request, images=[to_pil(image) for image in request.images]), None
+        except Exception as error:  # noqa: BLE001 - an unreadable image rejects its request only
+            return request, f"an image could not be read: {type(error).__name__}: {error}"
+
+    def _positions(self, request: GenerationRequest, num_tokens: int) -> int:
+        """Context positions of ``num_tokens`` ids of ``request`` (prompt, then response) once vLLM expands its images."""
+        if not request.images:
+            return num_tokens
+        return num_tokens + len(request.images) * (self.image_inputs.tokens_per_image - 1)
+
     def _rejection(self, request: GenerationRequest) -> str | None:
         if not request.prompt_ids:
             return "empty prompt"
-        if len(request.prompt_ids) >= self.max_model_len:
-            return f"prompt has {len(request.prompt_ids)} tokens; the engine context is {self.max_model_len} (prompt + at least one response token)"
+        if self.image_inputs is not None:
+            placeholders = request.prompt_ids.count(self.image_inputs.image_token_id)
+            if placeholders != len(request.images):
+                return (f"prompt holds {placeholders} image placeholder(s) (id {self.image_inputs.image_token_id}) but {len(request.images)} "
+                        "image(s) came with it: a token prompt carries exactly one placeholder per image (not expanded)")
+        positions = self._positions(request, len(request.prompt_ids))
+        if positions >= self.max_model_len:
+            images = f" ({len(request.prompt_ids)} ids, {len(request.images)} image(s) of {self.image_inputs.tokens_per_image})" if request.images else ""
+            return f"prompt has {positions} tokens{images}; the engine context is {self.max_model_len} (prompt + at least one response token)"
         vocab = self._engine.model_config.get_vocab_size()
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -285,15 +339,18 @@ class GenerationEngine:
 
     def _start(self, sample: _Sample) -> None:
         """Hand ``sample`` to vLLM, continuing after the tokens it already has."""
-        sampling = sample.request.sampling
-        prompt = list(sample.request.prompt_ids) + sample.response_ids
-        remaining = min(sampling.max_tokens - len(sample.response_ids), self.max_model_len - len(prompt))
+        request, sampling = sample.request, sample.request.sampling
+        prompt = list(request.prompt_ids) + sample.response_ids
+        remaining = min(sampling.max_tokens - len(sample.response_ids), self.max_model_len - self._positions(request, len(prompt)))
         if remaining <= 0:
             self._finished.append(sample.result("length"))
             return
-        vllm_id = f"{sample.request.request_id}#{sample.sample_index}@{len(sample.response_ids)}"
+        vllm_id = f"{request.request_id}#{sample.sample_index}@{len(sample.response_ids)}"
         params = self._sampling_params(sampling, sample.sample_index, remaining)
-        self._engine.add_request(vllm_id, self._vllm.TokensPrompt(prompt_token_ids=prompt), params)
+        inputs = self._vllm.TokensPrompt(prompt_token_ids=prompt)
+        if request.images:  # a resumed sample sends them again: its new request re-runs the whole prompt
+            inputs["multi_modal_data"] = {"image": list(request.images)}
+        self._engine.add_request(vllm_id, inputs, params)
         self._active[vllm_id] = sample
 
     def _sampling_params(self, sampling: SamplingParams, sample_index: int, max_tokens: int) -> Any:
@@ -313,6 +370,9 @@ class GenerationEngine:
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,  # new tokens each step: tags each with the live version
             detokenize=bool(sampling.stop),  # stop strings need text; token ids otherwise suffice
+            # A sampled image placeholder would read as an image that is not there. bad_words masks it
+            # after raw log-probs are taken (a hard -inf; logit_bias is clamped to +-100).
+            bad_words=[self.image_inputs.image_token_text] if self.image_inputs else None,
         )
 
     def poll(self) -> list[GenerationResult]:
@@ -410,6 +470,8 @@ class GenerationEngine:
             if staged.shared_dir is not None:
                 shared_memory.remove_push(staged.shared_dir)
         self._engine.reset_prefix_cache()  # KV computed under the old weights must not be reused
+        if self.image_inputs is not None:  # nor vision features; without this a repeated image fails with "Encoder cache miss"
+            self._engine.reset_encoder_cache()
         self.version = staged.version
         self._broken = None
         if self.cfg.partial_rollout if resume is None else resume:
@@ -420,7 +482,7 @@ class GenerationEngine:
     def _swap(self, staged: StagedWeights) -> None:
         if staged.version <= self.version:
             raise WeightSyncError(f"push v{staged.version} is not newer than the live v{self.version}")
-        staged.check_complete(self.expected_weights)
+        staged.check_complete(self._expected_in(staged))
         shared = written = None
         if self.cfg.engine_tensor_parallel > 1:  # the TP workers are other processes: they map the push from /dev/shm
             shared = staged.shared_dir or (written := self._write_shared(staged))
@@ -435,6 +497,16 @@ class GenerationEngine:
             if written is not None:
                 shared_memory.remove_push(written)
 
+    def _omits_tower(self, staged: StagedWeights) -> bool:
+        """Whether ``staged`` leaves the vision tower out (model.vision.freeze: the engine keeps the tower it has)."""
+        return self.image_inputs is not None and not any(name.startswith(VISION_TOWER_PREFIX) for name in staged.tensors)
+
+    def _expected_in(self, staged: StagedWeights) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The checkpoint tensors ``staged`` must hold: all, or all but the vision tower's when it leaves the tower out."""
+        if not self._omits_tower(staged):
+            return self.expected_weights
+        return {name: spec for name, spec in self.expected_weights.items() if not name.startswith(VISION_TOWER_PREFIX)}
+
     @staticmethod
     def _write_shared(staged: StagedWeights) -> Path:
         """A push that was not staged in shared memory (the one kept to rebuild an engine), written there."""
@@ -446,9 +518,13 @@ class GenerationEngine:
     def _reload(self, staged: StagedWeights, shared: Path | None) -> None:
         """Swap the weights on every worker: tensors in hand (in-process worker) or the push in shared memory."""
         if shared is None:
-            self._engine.collective_rpc(
-                "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
-            )
+            FROZEN_TOWER_NOTICES.active = self._omits_tower(staged)
+            try:
+                self._engine.collective_rpc(
+                    "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
+                )
+            finally:
+                FROZEN_TOWER_NOTICES.active = False
         else:
             outcomes = self._engine.collective_rpc("load_shared_push", args=(str(shared),))
             wanted = {"path": str(shared), "loaded": len(staged.tensors)}

@@ -25,7 +25,8 @@ writes the new weights in checkpoint layout and, being a weight *update*, skips 
 tiny MoE then routed ~5% of (token, layer) pairs differently from the trainer and its log-probs
 were off by up to 8 nats. After every reload the engine has the workers prepack again.
 
-:class:`HetrlWorkerExtension` is mixed into every worker through vLLM's ``worker_extension_cls``.
+:class:`HetrlWorkerExtension` is mixed into every worker through vLLM's ``worker_extension_cls``; importing
+this module puts :mod:`hetrl.rollout.cpu_torchvision_shim`'s stand-in in place where torchvision is absent.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hetrl.rollout import cpu_torchvision_shim
 from hetrl.transport.weights.shared_memory import read_push
 
 EXTENSION_CLASS = f"{__name__}.HetrlWorkerExtension"
+
+# The workers of a TP engine are spawned processes that import this module before they load the
+# model: a vision-language model's vLLM module needs the stand-in there too (a no-op with torchvision).
+cpu_torchvision_shim.install_pixtral_stand_in()
 
 
 class SharedMemoryWeightLoader:
