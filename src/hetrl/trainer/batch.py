@@ -17,7 +17,9 @@ advantages of a training step are attached afterwards, over the step's full batc
 ``MicroBatch.gather_index`` maps one to the other: the log-prob of completion token ``j`` of a
 sample starting at offset ``o`` of row ``r`` with a prompt of ``P`` tokens is read at flat position
 ``r * T + o + P + j - 1`` of the model's per-position log-probs (position ``t`` predicts token
-``t + 1``). So packing never leaks into the loss: sequence-level losses (GSPO, seq-mean) see whole
+``t + 1``). For a vision-language policy, model space holds every image placeholder
+``tokens_per_image`` times (``hetrl.trainer.vision``), so ``P + j`` becomes the model position of
+completion token ``j``; sample space keeps one column per completion token all the same. So packing never leaks into the loss: sequence-level losses (GSPO, seq-mean) see whole
 sequences whatever the packing.
 
 Micro-batches are balanced by tokens (longest-processing-time-first assignment), and every rank
@@ -35,6 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from hetrl.trainer.vision import ImageSpec, model_length, model_tokens, pixel_values
 from hetrl.types import Sample
 
 PAD_TOKEN_ID = 0  # masked everywhere it appears; right padding under a causal mask changes nothing
@@ -66,6 +69,11 @@ class MicroBatch:
     # Routing replay (MoE): the engine's experts per token, [R, T, layers, top_k] long in model
     # space, -1 where it routed nothing (padding, each sample's last token); None without routing.
     routed_experts: Tensor | None = None
+    # Vision-language policies (hetrl.trainer.vision): the pixel values [I, 3, S, S] of the images of
+    # the rows, and the bool [R, T] mask of the positions their embeddings take (row-major order,
+    # tokens_per_image each); None without images.
+    pixel_values: Tensor | None = None
+    image_mask: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -220,15 +228,17 @@ def _cumulative(lengths: Sequence[int]) -> Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
 
 
-def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]], packed: bool) -> MicroBatch:
+def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]], packed: bool,
+                       images: ImageSpec | None) -> MicroBatch:
     """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch.
 
     Unpacked, each row holds one sample; packed, the rows' samples follow each other in one row.
+    Image placeholders take ``images.tokens_per_image`` positions each (:func:`hetrl.trainer.vision.model_tokens`).
     """
     if packed:
         rows = [[k for row in rows for k in row]]
     seqs = [samples[indices[k]] for row in rows for k in row]
-    length = max(sum(len(samples[indices[k]].prompt_ids) + len(samples[indices[k]].completion_ids) for k in row) for row in rows)
+    length = max(sum(model_length(samples[indices[k]], images) for k in row) for row in rows)
     width = max(max((len(s.completion_ids) for s in seqs), default=0), 1)
     num_rows, n = len(rows), len(seqs)
     tokens = torch.full((num_rows, length), PAD_TOKEN_ID, dtype=torch.long)
@@ -236,31 +246,41 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     gather = torch.zeros(n, width, dtype=torch.long)
     loss_mask, rollout = torch.zeros(n, width), torch.zeros(n, width)
     routed = _routing_layout(seqs, num_rows, length)
+    if routed is not None and images is not None:
+        raise ValueError("routing replay and images do not mix (a LLaVA policy is dense)")
+    image_mask = torch.zeros(num_rows, length, dtype=torch.bool) if images is not None else None
+    row_images: list = []
     order: list[int] = []
     for r, row in enumerate(rows):
         offset = 0
         for k in row:
             i = len(order)
             s = samples[indices[k]]
-            ids = s.prompt_ids + s.completion_ids
-            p, c = len(s.prompt_ids), len(s.completion_ids)
-            if p == 0:
+            if not s.prompt_ids:
                 raise ValueError(f"sample {s.sample_id} has an empty prompt: its first token has nothing to condition on")
+            layout = model_tokens(s, images)
+            ids, c = layout.ids, len(s.completion_ids)
             tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
             positions[r, offset:offset + len(ids)] = torch.arange(len(ids))
-            gather[i, :c] = r * length + offset + p - 1 + torch.arange(c)
+            # each original completion token is read where the model predicts it (one position before it)
+            gather[i, :c] = r * length + offset - 1 + torch.tensor(layout.completion_at, dtype=torch.long)
+            if layout.image_positions:
+                image_mask[r, offset + torch.tensor(layout.image_positions)] = True
+                row_images.extend(s.images)
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
             if routed is not None and s.routed_experts is not None:
                 routed[r, offset:offset + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype("int64"))
             order.append(indices[k])
             offset += len(ids)
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
+    lengths = [model_length(s, images) for s in seqs]
     cu = _cumulative(lengths) if packed else None
+    with_images = images is not None and bool(row_images)
     return MicroBatch(
         tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=cu, cu_seqlens_padded=cu,
         gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
         sample_indices=order, num_tokens=sum(lengths), routed_experts=routed,
+        pixel_values=pixel_values(row_images, images) if with_images else None, image_mask=image_mask if with_images else None,
     )
 
 
@@ -294,6 +314,7 @@ def build_train_batch(
     pack_length: int | None = None,
     global_indices: Sequence[int] | None = None,
     num_global_samples: int | None = None,
+    images: ImageSpec | None = None,
 ) -> TrainBatch:
     """Micro-batches of ``samples`` (this rank's share), balanced by tokens.
 
@@ -301,14 +322,16 @@ def build_train_batch(
     With it, samples are first packed into bins of at most ``pack_length`` tokens, and each
     micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. Advantages are zero (attach them with
     :meth:`TrainBatch.with_advantages`). ``global_indices`` places these samples in the step's full
-    batch of ``num_global_samples`` (default: they are all of it).
+    batch of ``num_global_samples`` (default: they are all of it). ``images`` (a vision-language
+    policy's :func:`hetrl.trainer.vision.image_spec`) expands image placeholders in model space and
+    gives micro-batches their pixel values; sample space stays one column per completion token.
     """
     if not samples:
         raise ValueError("build_train_batch needs at least one sample")
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     width = max(max(len(s.completion_ids) for s in samples), 1)
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    lengths = [model_length(s, images) for s in samples]
     rows = _pack_rows(lengths, pack_length) if pack_length else [[i] for i in range(len(samples))]
     row_sizes = [sum(lengths[i] for i in row) for row in rows]
     num_micro = -(-len(rows) // micro_batch_size)
@@ -316,7 +339,7 @@ def build_train_batch(
     for row_ids in balanced_bins(row_sizes, num_micro, capacity=micro_batch_size):
         indices = [i for r in row_ids for i in rows[r]]
         local = {i: k for k, i in enumerate(indices)}
-        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], bool(pack_length)))
+        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], bool(pack_length), images))
     indices = list(range(len(samples))) if global_indices is None else list(global_indices)
     if len(indices) != len(samples):
         raise ValueError(f"global_indices has {len(indices)} entries for {len(samples)} samples")
@@ -324,11 +347,11 @@ def build_train_batch(
                       num_global_samples=len(samples) if num_global_samples is None else num_global_samples)
 
 
-def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int) -> list[int]:
-    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced tokens."""
+def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None) -> list[int]:
+    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced (model) tokens."""
     if len(samples) < dp_size:
         raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
-    sizes = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    sizes = [model_length(s, images) for s in samples]
     return balanced_bins(sizes, dp_size, capacity=-(-len(samples) // dp_size))[dp_rank]
 
 
@@ -366,7 +389,8 @@ def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
     routed = mb.routed_experts
     if routed is not None:
         routed = torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, length - t, 0, rows - r), value=-1)
-    return replace(mb, tokens=tokens, routed_experts=routed, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
+    image_mask = None if mb.image_mask is None else torch.nn.functional.pad(mb.image_mask, grow, value=False)
+    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
                    labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
                    gather_index=gather)
 
@@ -390,5 +414,8 @@ def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
     routed = mb.routed_experts
     if routed is not None:
         routed = torch.full((1, tokens.shape[1], *routed.shape[2:]), -1, dtype=torch.long).index_copy_(1, moved, routed)
-    return replace(mb, tokens=tokens, routed_experts=routed, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
+    image_mask = mb.image_mask
+    if image_mask is not None:
+        image_mask = torch.zeros(1, tokens.shape[1], dtype=torch.bool).index_copy_(1, moved, image_mask)
+    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
                    gather_index=moved[mb.gather_index])

@@ -55,7 +55,7 @@ def _world() -> tuple[int, int]:
 
 
 def _local_plan(
-    model: torch.nn.Module, pg, layout: Layout, dtype: torch.dtype | None
+    model: torch.nn.Module, pg, layout: Layout, dtype: torch.dtype | None, include_frozen: bool
 ) -> tuple[list[_PlanEntry], dict[str, tuple[ParamMap, object]]]:
     """Entries this rank leads, and every map it takes part in (with its gather group or None)."""
     rank, _ = _world()
@@ -63,8 +63,8 @@ def _local_plan(
     led, members = [], {}
     for index, pm in enumerate(param_maps(model, pg)):
         replica, group = (pg.expt_dp, pg.expt_tp) if pm.expert else (pg.dp_cp, pg.tp)
-        if replica.rank() != 0 or not pm.exported:
-            continue  # another data-parallel replica exports this parameter
+        if replica.rank() != 0 or not pm.exported or (pm.frozen and not include_frozen):
+            continue  # another data-parallel replica exports this parameter, or it never changes
         if SHARD_DIM[pm.kind] is None:
             if group.rank() != 0:
                 continue  # replicated over the group: its first rank alone sends it
@@ -105,7 +105,7 @@ def _assemble(entry: _PlanEntry, param: torch.Tensor, group, layout: Layout, dty
 
 
 def iter_hf_tensors(
-    model: torch.nn.Module, vocab_size: int, dtype: torch.dtype | None = None, pg_collection=None
+    model: torch.nn.Module, vocab_size: int, dtype: torch.dtype | None = None, pg_collection=None, *, include_frozen: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` on rank 0, one parameter gathered at a time.
 
@@ -117,7 +117,7 @@ def iter_hf_tensors(
     layout = Layout.of(bare, vocab_size)
     rank, _ = _world()
     params = dict(bare.named_parameters())
-    led, members = _local_plan(bare, pg, layout, dtype)
+    led, members = _local_plan(bare, pg, layout, dtype, include_frozen)
     device = next(iter(params.values())).device
     for entry in _global_plan(led):
         tensors = None
@@ -144,15 +144,20 @@ def iter_hf_weight_buckets(
     bucket_bytes: int = 512 << 20,
     dtype: torch.dtype | None = None,
     pg_collection=None,
+    *,
+    include_frozen: bool = False,
 ) -> Iterator[Bucket]:
     """Yield the model's full HF tensors to rank 0 in buckets of at most ``bucket_bytes``.
 
     See the module docstring for which ranks must call it and what they get. ``vocab_size`` is the
     HF vocabulary (``ModelConfig.vocab_size``): padded embedding rows are dropped. ``dtype``
     casts on the sending side (e.g. bf16 for an engine), None keeps the parameters' dtype. A
-    tensor larger than ``bucket_bytes`` travels alone in its bucket.
+    tensor larger than ``bucket_bytes`` travels alone in its bucket. Parameters that never train
+    (``hetrl.trainer.vision.FROZEN_ATTR``: a frozen vision tower, LLaVA's unused
+    ``post_layernorm``) are left out, as a weight push wants (the engines already hold them),
+    unless ``include_frozen`` (a complete checkpoint).
     """
-    return bucketize(iter_hf_tensors(model, vocab_size, dtype, pg_collection), bucket_bytes)
+    return bucketize(iter_hf_tensors(model, vocab_size, dtype, pg_collection, include_frozen=include_frozen), bucket_bytes)
 
 
 def save_hf_checkpoint(
@@ -170,7 +175,10 @@ def save_hf_checkpoint(
     Collective like :func:`iter_hf_weight_buckets`; returns the directory on rank 0, None
     elsewhere. Weight files already in ``out_dir`` are replaced. Each bucket becomes one ``model-XXXXX-of-YYYYY.safetensors`` file (a lone
     ``model.safetensors`` when one suffices) with an HF index. ``copy_files_from`` copies the
-    tokenizer and other non-weight files of an HF directory (e.g. the one imported from).
+    tokenizer and other non-weight files of an HF directory (e.g. the one imported from). A LLaVA
+    policy's directory also gets a ``LlavaProcessor`` when none was copied (see
+    :func:`_write_llava_processor`), so ``AutoProcessor`` and ``AutoModelForImageTextToText`` load it.
+    Every tensor is written, frozen ones included.
     """
     from safetensors.torch import save_file
 
@@ -179,7 +187,7 @@ def save_hf_checkpoint(
     rank, _ = _world()
     out = Path(out_dir)
     written: list[tuple[Path, list[str], int]] = []
-    buckets = iter_hf_weight_buckets(model, model_cfg.vocab_size, max_shard_bytes, dtype, pg_collection)
+    buckets = iter_hf_weight_buckets(model, model_cfg.vocab_size, max_shard_bytes, dtype, pg_collection, include_frozen=True)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     for index, bucket in enumerate(buckets):
@@ -194,7 +202,27 @@ def save_hf_checkpoint(
     hf_config(model_cfg).save_pretrained(out)
     if copy_files_from is not None:
         _copy_non_weight_files(Path(copy_files_from), out)
+    if model_cfg.is_vlm and not (out / _PROCESSOR_FILE).exists():
+        _write_llava_processor(out, model_cfg)
     return out
+
+
+_PROCESSOR_FILE = "processor_config.json"
+
+
+def _write_llava_processor(out: Path, model_cfg) -> None:  # noqa: ANN001 - a ModelConfig
+    """The ``LlavaProcessor`` beside a LLaVA checkpoint whose source directory had none: with the
+    tokenizer already in ``out``, else the character tokenizer with its ``<image>`` token (written too)."""
+    import transformers
+
+    from hetrl.models.hf import save_llava_processor
+    from hetrl.models.tokenizer import build_char_tokenizer
+
+    if (out / "tokenizer_config.json").exists():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    else:
+        tokenizer = build_char_tokenizer(model_cfg.vocab_size, image_token=True)
+    save_llava_processor(out, model_cfg, tokenizer)
 
 
 def _finish_safetensors_files(out: Path, written: list[tuple[Path, list[str], int]]) -> None:

@@ -27,6 +27,13 @@ which gathers shards and turns them back into HF tensors with :func:`hf_from_sha
 
 Both local-spec names (CPU) and transformer-engine names (fused ``layer_norm_weight``, grouped
 experts ``weight{j}``) are recognised.
+
+LLaVA (``hetrl.trainer.vision``): the language model's HF names start ``model.language_model.``
+instead of ``model.`` (``lm_head.weight`` stays), and the ``vision.*`` parameters map to the CLIP
+tower ``model.vision_tower.vision_model.*`` (its own ``qkv`` layout: one query head per group) and
+the projector ``model.multi_modal_projector.linear_{1,2}.*``: the names vLLM loads, which
+transformers loads too. HF's ``post_layernorm`` (unused by LLaVA) is a frozen parameter, so that
+export(import(x)) is exact for every tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -42,11 +49,13 @@ import torch
 import torch.distributed as dist
 
 from hetrl.trainer.model import ValueHead
+from hetrl.trainer.vision import is_frozen
 
-Kind = Literal["replicated", "column", "row", "qkv", "gate_up", "vocab"]
+Kind = Literal["replicated", "flat", "column", "row", "qkv", "gate_up", "vocab"]
 
-# Partition dimension of each kind's TP shards (None: every rank holds the full tensor).
-SHARD_DIM: dict[str, int | None] = {"replicated": None, "column": 0, "row": 1, "qkv": 0, "gate_up": 0, "vocab": 0}
+# Partition dimension of each kind's TP shards (None: every rank holds the full tensor). "flat" is
+# replicated and 1-D in HF (CLIP's class embedding; megatron's class token is [1, 1, hidden]).
+SHARD_DIM: dict[str, int | None] = {"replicated": None, "flat": None, "column": 0, "row": 1, "qkv": 0, "gate_up": 0, "vocab": 0}
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class ParamMap:
     expert: bool
     order: tuple[int, int, int]
     exported: bool = True
+    frozen: bool = False  # never trains (hetrl.trainer.vision.FROZEN_ATTR): weight pushes leave it out
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Layout:
     head_dim: int
     vocab_size: int  # HF (unpadded) vocabulary
     padded_vocab_size: int  # the model's embedding rows (a multiple of TP)
+    vision: "Layout | None" = None  # the ViT's attention shape (LLaVA's first pipeline stage)
 
     @classmethod
     def of(cls, model: torch.nn.Module, vocab_size: int) -> "Layout":
@@ -83,7 +94,15 @@ class Layout:
         groups = config.num_query_groups or config.num_attention_heads
         if bare.vocab_size < vocab_size:
             raise ValueError(f"the model's vocabulary ({bare.vocab_size} rows) is smaller than the HF checkpoint's ({vocab_size})")
-        return cls(groups, config.num_attention_heads // groups, config.kv_channels, vocab_size, bare.vocab_size)
+        vision = None
+        if hasattr(bare, "vision"):
+            vit = bare.vision.encoder.config
+            vision = cls(vit.num_attention_heads, 1, vit.kv_channels, 0, 0)
+        return cls(groups, config.num_attention_heads // groups, config.kv_channels, vocab_size, bare.vocab_size, vision)
+
+    def of_param(self, pm: "ParamMap") -> "Layout":
+        """The layout ``pm``'s fused tensors follow: the ViT's for vision parameters, else the language model's."""
+        return self.vision if pm.megatron_name.startswith("vision.") and self.vision is not None else self
 
 
 def unwrap(model: torch.nn.Module | Sequence[torch.nn.Module]) -> torch.nn.Module:
@@ -129,6 +148,54 @@ _EXPERT_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
 )
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
+# LLaVA (hetrl.trainer.vision): the CLIP tower and the projector under the names vLLM loads.
+_VIT = "model.vision_tower.vision_model."
+_VIT_LAYER = _VIT + "encoder.layers.{i}."
+_VISION_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
+    (r"encoder\.class_token", "flat", (_VIT + "embeddings.class_embedding",)),
+    (r"encoder\.conv1\.weight", "replicated", (_VIT + "embeddings.patch_embedding.weight",)),
+    (r"encoder\.position_embeddings\.weight", "replicated", (_VIT + "embeddings.position_embedding.weight",)),
+    (r"encoder\.ln_pre\.(weight|bias)", "replicated", (_VIT + "pre_layrnorm.{p}",)),
+    (r"post_layernorm\.(weight|bias)", "replicated", (_VIT + "post_layernorm.{p}",)),
+    (r"projector\.encoder\.linear_fc1\.(weight|bias)", "column", ("model.multi_modal_projector.linear_1.{p}",)),
+    (r"projector\.encoder\.linear_fc2\.(weight)", "row", ("model.multi_modal_projector.linear_2.{p}",)),
+    (r"projector\.encoder\.linear_fc2\.(bias)", "replicated", ("model.multi_modal_projector.linear_2.{p}",)),
+)
+_VIT_LAYER_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
+    (r"input_layernorm\.(weight|bias)", "replicated", (_VIT_LAYER + "layer_norm1.{p}",)),
+    (r"self_attention\.linear_qkv\.(weight|bias)", "qkv", tuple(_VIT_LAYER + f"self_attn.{x}_proj.{{p}}" for x in "qkv")),
+    (r"self_attention\.linear_proj\.(weight)", "row", (_VIT_LAYER + "self_attn.out_proj.{p}",)),
+    (r"self_attention\.linear_proj\.(bias)", "replicated", (_VIT_LAYER + "self_attn.out_proj.{p}",)),
+    (r"pre_mlp_layernorm\.(weight|bias)", "replicated", (_VIT_LAYER + "layer_norm2.{p}",)),
+    (r"mlp\.linear_fc1\.(weight|bias)", "column", (_VIT_LAYER + "mlp.fc1.{p}",)),
+    (r"mlp\.linear_fc2\.(weight)", "row", (_VIT_LAYER + "mlp.fc2.{p}",)),
+    (r"mlp\.linear_fc2\.(bias)", "replicated", (_VIT_LAYER + "mlp.fc2.{p}",)),
+)
+_VIT_LAYER_NAME = re.compile(r"encoder\.decoder\.layers\.(\d+)\.(.+)")
+# HF text names of a LLaVA checkpoint: its language model's, under this prefix instead of "model."
+_LLAVA_TEXT_PREFIX = "model.language_model."
+
+
+def _vision_map(name: str, frozen: bool) -> ParamMap:
+    """The map of a ``vision.*`` parameter (ViT layers sort after the embeddings, the projector last)."""
+    suffix = name.removeprefix("vision.")
+    rules, layer = _VISION_RULES, -1
+    layer_match = _VIT_LAYER_NAME.fullmatch(suffix)
+    if layer_match:
+        rules, layer, suffix = _VIT_LAYER_RULES, int(layer_match.group(1)), layer_match.group(2)
+    for index, (pattern, kind, hf) in enumerate(rules):
+        match = re.fullmatch(pattern, suffix)
+        if match:
+            part = match.group(1) if match.groups() else ""
+            order = (5, 0, index) if suffix.startswith("projector.") else (4, 1 + layer, index)
+            return ParamMap(name, tuple(h.format(i=layer, p=part) for h in hf), kind, False, order, frozen=frozen)
+    raise ValueError(f"no HF mapping for megatron vision parameter {name!r}")
+
+
+def text_prefix(model: torch.nn.Module) -> str:
+    """Where the language model's HF names start (``model.embed_tokens.weight`` ...): ``model.``, or LLaVA's."""
+    return _LLAVA_TEXT_PREFIX if getattr(unwrap(model), "hf_layout", None) == "llava" else "model."
+
 
 def _layer_map(model: torch.nn.Module, name: str, ep_rank: int) -> ParamMap:
     match = _LAYER_NAME.fullmatch(name)
@@ -155,8 +222,10 @@ def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
     pg = pg_collection or default_process_groups()
     tied = model.share_embeddings_and_output_weights
     maps = []
-    for name, _ in model.named_parameters():
-        if name == "embedding.word_embeddings.weight":
+    for name, param in model.named_parameters():
+        if name.startswith("vision."):
+            maps.append(_vision_map(name, is_frozen(param)))
+        elif name == "embedding.word_embeddings.weight":
             maps.append(ParamMap(name, ("model.embed_tokens.weight",), "vocab", False, (0, 0, 0)))
         elif name == "output_layer.weight" and isinstance(model.output_layer, ValueHead):
             # A value model's ValueHead: HF's token-classification head with one label.
@@ -171,6 +240,11 @@ def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
             maps.append(ParamMap(name, ("model.norm.weight",), "replicated", False, (2, 0, 0)))
         else:
             maps.append(_layer_map(model, name, pg.ep.rank()))
+    prefix = text_prefix(model)
+    if prefix != "model.":
+        maps = [pm if pm.megatron_name.startswith("vision.") else
+                replace(pm, hf_names=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h for h in pm.hf_names))
+                for pm in maps]
     return maps
 
 
@@ -187,7 +261,8 @@ class TensorSource(Protocol):
 def shard_from_hf(pm: ParamMap, source: TensorSource, layout: Layout, rank: int, size: int) -> torch.Tensor:
     """Build TP rank ``rank`` of ``size``'s shard of ``pm`` from HF tensors, reading only its rows."""
     first = pm.hf_names[0]
-    if pm.kind == "replicated":
+    layout = layout.of_param(pm)
+    if pm.kind in ("replicated", "flat"):
         return source.read(first, 0, 0, source.shape(first)[0])
     if pm.kind in ("column", "row"):
         dim = SHARD_DIM[pm.kind]
@@ -230,8 +305,11 @@ def _vocab_shard(pm: ParamMap, source: TensorSource, layout: Layout, rank: int, 
 def hf_from_shards(pm: ParamMap, shards: Sequence[torch.Tensor], layout: Layout) -> list[tuple[str, torch.Tensor]]:
     """The full HF tensors of ``pm`` from all TP shards (in TP-rank order): the inverse of
     :func:`shard_from_hf`. Results are fresh tensors, never views of a parameter."""
+    layout = layout.of_param(pm)
     if pm.kind == "replicated":
         return [(pm.hf_names[0], shards[0].clone())]
+    if pm.kind == "flat":
+        return [(pm.hf_names[0], shards[0].reshape(-1).clone())]
     if pm.kind in ("column", "row"):
         return [(pm.hf_names[0], torch.cat(list(shards), dim=SHARD_DIM[pm.kind]))]
     if pm.kind == "vocab":
@@ -312,9 +390,11 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
     bare = unwrap(model)
     pg = pg_collection or default_process_groups()
     ckpt = SafetensorsCheckpoint(hf_dir)
-    if "model.embed_tokens.weight" not in ckpt.weight_map:
-        raise ValueError(f"{hf_dir} has no model.embed_tokens.weight: not a Llama/Qwen-layout checkpoint")
-    layout = Layout.of(bare, ckpt.shape("model.embed_tokens.weight")[0])
+    embedding = text_prefix(bare) + "embed_tokens.weight"
+    if embedding not in ckpt.weight_map:
+        layouts = "a LLaVA" if embedding.startswith(_LLAVA_TEXT_PREFIX) else "a Llama/Qwen-layout"
+        raise ValueError(f"{hf_dir} has no {embedding}: not {layouts} checkpoint")
+    layout = Layout.of(bare, ckpt.shape(embedding)[0])
     params = dict(bare.named_parameters())
     consumed, errors = set(), []
     with torch.no_grad():
@@ -328,6 +408,8 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
             except KeyError as missing:
                 errors.append(f"{pm.megatron_name}: HF tensor {missing} is missing")
                 continue
+            if pm.kind == "flat" and shard.numel() == param.numel():
+                shard = shard.reshape(param.shape)
             if shard.shape != param.shape:
                 errors.append(f"{pm.megatron_name}: shard of {pm.hf_names} has shape {tuple(shard.shape)}, the model's is {tuple(param.shape)}")
                 continue

@@ -125,12 +125,17 @@ def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups
     """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden.
 
     With ``routing`` the MoE routers take (or are compared with) the micro-batch's engine routing.
+    A micro-batch with images hands the model their pixel values and positions (the first stage
+    merges their embeddings; context parallelism is refused for such models at build time).
     """
     local = context_parallel.shard_micro_batch(mb, groups.cp_size, groups.cp_rank)
     if routing is not None:
         routing.load(local)
+    images = {}
+    if mb.pixel_values is not None:  # a vision-language policy (hetrl.trainer.vision.attach_vision) merges them
+        images = dict(images=mb.pixel_values.to(groups.device), image_mask=mb.image_mask)
     return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), None,
-                 packed_seq_params=packed_seq_params(mb, groups.device))
+                 packed_seq_params=packed_seq_params(mb, groups.device), **images)
 
 
 def run_schedule(

@@ -9,6 +9,9 @@ qwen2      llama + bias on the fused QKV projection
 qwen3      llama + RMSNorm on each query/key head (qk-norm)
 qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over the top-k router
            logits, i.e. HF ``norm_topk_prob=True``), load-balancing aux loss, expert parallelism
+llava      a llama language model plus, on the first pipeline stage, a CLIP ViT and an MLP
+           projector whose image embeddings replace the image positions' word embeddings
+           (``hetrl.trainer.vision``); no context/sequence/expert parallelism, no value model
 =========  ==================================================================================
 
 The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from hetrl.trainer import megatron_compat
+from hetrl.trainer import megatron_compat, vision
 from hetrl.trainer.context_parallel import AllGatherAttention
 
 # HF initialiser_range of Llama/Qwen configs; random-init models should look like theirs.
@@ -163,6 +166,9 @@ def build_gpt_model(
     if trainer_cfg.expert_parallel > 1 and not model_cfg.is_moe:
         raise ValueError(f"trainer.expert_parallel={trainer_cfg.expert_parallel} needs an MoE model (model.arch=qwen3_moe)")
 
+    if model_cfg.is_vlm:
+        vision.check_layout(model_cfg, trainer_cfg, value_head)
+
     config = transformer_config(model_cfg, trainer_cfg)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -187,6 +193,8 @@ def build_gpt_model(
     )
     if value_head and model.post_process:
         model.output_layer = ValueHead(config.hidden_size, trainer_cfg.sequence_parallel, model.pg_collection.tp, config.params_dtype)
+    if model_cfg.is_vlm:
+        vision.attach_vision(model, model_cfg, trainer_cfg, model.pg_collection)
     init_layout_independent(model, model_cfg, trainer_cfg, seed)
     if model.post_process and not value_head and not trainer_cfg.sequence_parallel:
         _batch_first_logits(model.output_layer)
@@ -319,11 +327,18 @@ def global_param_name(local_name: str, model_cfg: ModelConfig, trainer_cfg: Trai
 
 
 def _init_std(name: str, model_cfg: ModelConfig) -> float | None:
-    """megatron's init of a parameter: N(0, std), std / sqrt(2 L) for residual-branch outputs; None = ones/zeros."""
-    if name.endswith(".bias") or "layernorm" in name:
+    """megatron's init of a parameter: N(0, std), std / sqrt(2 L) for residual-branch outputs; None = ones/zeros.
+
+    The vision encoder (``vision.*``) alike: its ViT blocks' outputs scaled by its own depth, its
+    norms (``ln_pre``, ``post_layernorm``) ones, the projector plain N(0, std).
+    """
+    if name.endswith(".bias") or "layernorm" in name or name.startswith("vision.encoder.ln_"):
         return None
+    if name.startswith("vision.projector."):
+        return _INIT_STD
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
-        return _INIT_STD / (2.0 * model_cfg.num_layers) ** 0.5
+        depth = model_cfg.vision.num_layers if name.startswith("vision.") else model_cfg.num_layers
+        return _INIT_STD / (2.0 * depth) ** 0.5
     return _INIT_STD
 
 

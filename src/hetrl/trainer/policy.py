@@ -39,6 +39,7 @@ from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
 from hetrl.trainer.routing_replay import RoutingReplay
+from hetrl.trainer.vision import image_spec
 from hetrl.types import Sample
 
 RoutingMode = Literal["off", "measure", "replay"]
@@ -119,12 +120,15 @@ class PolicyTrainer:
         Advantages are zero; a training step attaches those of the full list with
         :meth:`TrainBatch.with_advantages`. Every rank gets the same number of micro-batches
         (filler ones where a shard is short): expert all-to-alls and the gradient reduction need
-        every rank in step.
+        every rank in step. A vision-language policy's samples carry their images
+        (``Sample.images``, one placeholder id each); sample space stays that of the samples.
         """
         g = self.groups
-        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size)
+        images = image_spec(self.model_cfg)
+        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images)
         batch = build_train_batch([samples[i] for i in indices], micro_batch_size=self.trainer_cfg.micro_batch_size,
-                                  pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples))
+                                  pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples),
+                                  images=images)
         count = torch.tensor([len(batch.micro_batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batch.padded_to(int(count))
