@@ -340,14 +340,14 @@ def test_a_frozen_tower_stays_bit_equal_and_is_not_pushed(two_ranks, hf_dir, tmp
     _hf_model(tmp_path / "frozen")
 
 
-def _refused(rank: int, world_size: int, layout: dict, value_head: bool) -> str:
+def _refused(rank: int, world_size: int, layout: dict) -> str:
     from hetrl.trainer.model import build_gpt_model
     from hetrl.trainer.parallel import destroy_parallel, init_parallel
 
     tcfg = TrainerConfig(precision="fp32", **layout)
     groups = init_parallel(tcfg)
     try:
-        build_gpt_model(VLM, tcfg, pg_collection=groups.pg_collection, value_head=value_head)
+        build_gpt_model(VLM, tcfg, pg_collection=groups.pg_collection)
         return "built"
     except ValueError as error:
         return str(error)
@@ -356,8 +356,8 @@ def _refused(rank: int, world_size: int, layout: dict, value_head: bool) -> str:
 
 
 def test_unsupported_layouts_are_refused_at_build(two_ranks) -> None:
-    for layout, value_head, what in [({"context_parallel": 2}, False, "context_parallel"), ({}, True, "value model")]:
-        for message in two_ranks.run(_refused, layout, value_head):
+    for layout, what in [({"context_parallel": 2}, "context_parallel"), ({"tensor_parallel": 2, "sequence_parallel": True}, "sequence_parallel")]:
+        for message in two_ranks.run(_refused, layout):
             assert "model.arch=llava" in message and what in message, message
 
 
@@ -398,3 +398,43 @@ def test_checkpoint_reshards_a_vision_language_policy(two_ranks, hf_dir, tmp_pat
     assert sorted(saved) == sorted(loaded) and any("vision_tower" in name for name in saved)
     for name, tensor in saved.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def _rl_step(rank: int, world_size: int, hf_dir: Path, layout: dict) -> dict:
+    """train_on_batch with PPO (a value model that sees the images too), from the HF checkpoint."""
+    from hetrl.config.critic import CriticConfig
+    from hetrl.trainer.critic import ValueTrainer
+    from hetrl.trainer.hf_convert import load_hf_checkpoint
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+    from hetrl.trainer.rl_step import train_on_batch
+
+    ppo = AlgorithmConfig(name="ppo", group_size=2)
+    samples = vlm_samples()
+    for i, s in enumerate(samples):
+        s.reward = float(i % 3) - 0.5
+    tcfg = TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, **layout)
+    policy = PolicyTrainer(VLM, tcfg, ppo, seed=5, max_len=16)
+    critic = ValueTrainer(VLM, tcfg, CriticConfig(lr=1e-2), ppo, policy.groups, seed=5, max_len=16)
+    try:
+        load_hf_checkpoint(policy.module, hf_dir, policy.groups.pg_collection)
+        critic.load_initial_weights("policy", hf_dir)
+        batch = policy.make_batch(samples)
+        values_before = critic.compute_values(batch)
+        metrics, logprobs = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)
+        return {"metrics": metrics, "logprobs": logprobs, "values_before": values_before, "values_after": critic.compute_values(batch)}
+    finally:
+        destroy_parallel()
+
+
+def test_rl_step_returns_logprobs_per_completion_token_and_a_critic_trains(two_ranks, hf_dir) -> None:
+    """What the trainer role sends back for the mismatch metrics: log-probs [N, Tc] in each sample's completion
+    alignment (image placeholders one column each), those of the HF model the engines serve."""
+    samples = vlm_samples()
+    reference = _hf_logprobs(_hf_model(hf_dir), samples)
+    for layout in ({}, {"tensor_parallel": 2}):
+        for rank in two_ranks.run(_rl_step, hf_dir, layout):
+            assert rank["logprobs"].shape == reference.shape
+            torch.testing.assert_close(rank["logprobs"], reference, rtol=0, atol=1e-5)
+            assert rank["metrics"]["loss/value"] > 0
+            assert not torch.equal(rank["values_after"], rank["values_before"])

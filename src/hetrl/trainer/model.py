@@ -11,7 +11,7 @@ qwen3_moe  qwen3 with every MLP a top-k routed mixture of experts (softmax over 
            logits, i.e. HF ``norm_topk_prob=True``), load-balancing aux loss, expert parallelism
 llava      a llama language model plus, on the first pipeline stage, a CLIP ViT and an MLP
            projector whose image embeddings replace the image positions' word embeddings
-           (``hetrl.trainer.vision``); no context/sequence/expert parallelism, no value model
+           (``hetrl.trainer.vision``); no context, sequence or expert parallelism
 =========  ==================================================================================
 
 The layer implementation is megatron's local spec on CPU and transformer-engine's on GPU when it
@@ -167,7 +167,7 @@ def build_gpt_model(
         raise ValueError(f"trainer.expert_parallel={trainer_cfg.expert_parallel} needs an MoE model (model.arch=qwen3_moe)")
 
     if model_cfg.is_vlm:
-        vision.check_layout(model_cfg, trainer_cfg, value_head)
+        vision.check_layout(model_cfg, trainer_cfg)
 
     config = transformer_config(model_cfg, trainer_cfg)
     torch.manual_seed(seed)

@@ -108,16 +108,15 @@ def model_tokens(sample: Sample, spec: ImageSpec | None) -> ModelTokens:
     if sampled:
         raise ValueError(f"sample {sample.sample_id}: completion tokens {sampled[:3]} are image placeholders with loss mask 1 "
                          "(did the engine sample the image token? it must be banned)")
-    extra = spec.tokens_per_image - 1
-    # model position of original token k: k plus the extra copies of the placeholders before it
-    shift, at = 0, []
+    expanded: list[int] = []
+    at: list[int] = []  # model position of each original token
     image_positions: list[int] = []
-    for k, token in enumerate(ids):
-        at.append(k + shift)
-        if token == spec.image_token_id:
-            image_positions.extend(range(k + shift, k + shift + spec.tokens_per_image))
-            shift += extra
-    expanded = [t for token in ids for t in ([token] * spec.tokens_per_image if token == spec.image_token_id else [token])]
+    for token in ids:
+        at.append(len(expanded))
+        copies = spec.tokens_per_image if token == spec.image_token_id else 1
+        if copies > 1:
+            image_positions.extend(range(len(expanded), len(expanded) + copies))
+        expanded.extend([token] * copies)
     prompt_len = at[p] if p < len(ids) else len(expanded)
     return ModelTokens(expanded, prompt_len, at[p:], image_positions)
 
@@ -289,14 +288,17 @@ def freeze_tower(encoder: VisionEncoder) -> None:
         setattr(param, FROZEN_ATTR, True)
 
 
-def check_layout(model_cfg: ModelConfig, trainer_cfg: TrainerConfig, value_head: bool) -> None:
-    """Refuse the trainer layouts a vision-language policy does not support (ValueError)."""
+def check_layout(model_cfg: ModelConfig, trainer_cfg: TrainerConfig) -> None:
+    """Refuse the trainer layouts a vision-language policy does not support (ValueError).
+
+    Context and sequence parallelism would hand the merge a slice of each row (the embeddings are
+    split before the image positions could be filled). Expert parallelism is refused for every
+    dense model (``build_gpt_model``).
+    """
     vision, tp = model_cfg.vision, trainer_cfg.tensor_parallel
     refused = {
         "trainer.context_parallel > 1": trainer_cfg.context_parallel > 1,
         "trainer.sequence_parallel": trainer_cfg.sequence_parallel,
-        "trainer.expert_parallel > 1": trainer_cfg.expert_parallel > 1,
-        "a value model (algorithm.name=ppo's critic)": value_head,
     }
     for what, present in refused.items():
         if present:
