@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_grpo", ["env.name=multimodal", "env.tasks.source=shapes", "env.tasks.options={}", "env.tasks.answer_instruction=null"],
          "env.name=multimodal shows the policy images, but model.arch=llama is a text model"),
         ("tiny_grpo", ["eval.image_ablation=true"], "eval.image_ablation=true .* only env.name=multimodal"),
+        ("tiny_vlm_grpo", ["trainer.context_parallel=2"], "vision-language policy .* without context or sequence parallelism"),
+        ("tiny_vlm_grpo", ["trainer.tensor_parallel=4"], r"tensor_parallel=4 does not divide model.vision.num_attention_heads=2"),
         # what CPU-only profiles cannot do (trainer/parallel.py check_layout, transformer-engine, CUDA IPC); sequence
         # parallelism they can, so MoE under TP needs it there as on GPUs (megatron's MoELayer)
         ("tiny_grpo", ["trainer.precision=bf16"], "trainer.precision='bf16' on a CPU-only cluster profile"),

@@ -9,6 +9,7 @@ from env_helpers import play, tool_call, tool_turns, user_text
 from hetrl.config.env import EnvConfig, TaskSourceConfig
 from hetrl.env.envs.code import CodeEnv
 from hetrl.env.envs.multimodal import MultimodalEnv, ShapesSource, render_scene
+from hetrl.models.images import to_pil
 from hetrl.env.envs.terminal import FileOpsSource, TerminalEnv
 from hetrl.env.envs.tool_use import ToolMathEnv
 from hetrl.env.registry import build_env, build_task_source, env_factory
@@ -117,7 +118,7 @@ def test_multimodal_env_sends_images(codec):
         task = source[i]
         sample, policy = play(env, task, codec, lambda c, a=task.answer: f"<answer>{a}</answer>")
         assert sample.rewards == {"env": 1.0} and len(sample.images) == 1
-        assert sample.images[0].tobytes() == render_scene(task.metadata["shapes"]).tobytes()
+        assert to_pil(sample.images[0]).tobytes() == render_scene(task.metadata["shapes"]).tobytes()  # as PNG: lossless
         assert "<image>" in sample.prompt_text and task.messages[0]["content"] in sample.prompt_text
     wrong, _ = play(env, source[0], codec, lambda c: "<answer>99</answer>")
     assert wrong.rewards == {"env": 0.0}
@@ -172,4 +173,4 @@ def test_swap_scenes_keeps_questions_and_moves_images(codec):
     assert [t.messages for t in swapped] == [t.messages for t in tasks] and [t.answer for t in swapped] == [t.answer for t in tasks]
     assert [t.metadata for t in swapped] == [t.metadata for t in tasks[1:] + tasks[:1]]
     sample, _ = play(MultimodalEnv(), swapped[0], codec, lambda c: "<answer>1</answer>")
-    assert sample.images[0].tobytes() == render_scene(tasks[1].metadata["shapes"]).tobytes()
+    assert to_pil(sample.images[0]).tobytes() == render_scene(tasks[1].metadata["shapes"]).tobytes()

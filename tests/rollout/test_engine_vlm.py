@@ -223,6 +223,11 @@ def test_pushes_reach_the_vision_tower_and_projector_and_may_leave_the_tower_out
     check("b without its vision tower (frozen)")
     push(engine, b)
     check("b")
+    # What the trainer pushes when the tower trains: all of it but its final norm, which LLaVA never reads.
+    a_trained = {n: t for n, t in a.items() if not n.startswith("model.vision_tower.vision_model.post_layernorm.")}
+    push(engine, a_trained)
+    reference.load(a_trained)
+    check("a without the tower's final norm")
 
 
 def test_a_push_with_part_of_the_tower_is_refused(engine, served):

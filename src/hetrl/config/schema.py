@@ -61,7 +61,7 @@ def _check_cpu_profile(cfg: HetrlConfig) -> None:
     """What the trainer and the transports refuse without a GPU (trainer/parallel.py check_layout, ...).
 
     Sequence parallelism (and so MoE under TP, which needs it: ``_check_model_layout``) runs on CPU: the local
-    spec's norms are hetrl's (trainer/model.py ``TorchNorm``), which allow it."""
+    spec's norms are hetrl's (trainer/norms.py ``TorchNorm``), which allow it."""
     t, cpu = cfg.trainer, "on a CPU-only cluster profile (cluster.gpus_per_node=0)"
     if t.precision != "fp32":
         raise ValueError(f"trainer.precision={t.precision!r} {cpu}: use trainer.precision=fp32")
@@ -164,6 +164,17 @@ def _check_vision(cfg: HetrlConfig) -> None:
     if cfg.env.name in IMAGE_ENVIRONMENTS and not cfg.model.is_vlm:
         raise ValueError(f"env.name={cfg.env.name} shows the policy images, but model.arch={cfg.model.arch} is a text model: "
                          "use a vision-language policy (model=tiny_llava, or model.arch=llava with model.vision)")
+    vision, t = cfg.model.vision, cfg.trainer
+    if vision is not None:
+        # trainer/vision.py: the image features replace a sample's placeholder positions before the language model,
+        # which a rank holding a sequence chunk (context or sequence parallel) cannot do for positions it lacks.
+        if t.context_parallel > 1 or t.sequence_parallel:
+            raise ValueError(f"a vision-language policy (model.arch=llava) trains without context or sequence parallelism: got "
+                             f"trainer.context_parallel={t.context_parallel}, trainer.sequence_parallel={t.sequence_parallel}")
+        for key, size in (("num_attention_heads", vision.num_attention_heads), ("ffn_hidden_size", vision.ffn_hidden_size)):
+            if size % t.tensor_parallel:
+                raise ValueError(f"trainer.tensor_parallel={t.tensor_parallel} does not divide model.vision.{key}={size} "
+                                 "(megatron splits the vision tower over TP like the language model)")
     if cfg.eval.image_ablation and cfg.env.name != "multimodal":
         raise ValueError(f"eval.image_ablation=true moves each task's scene to another task, which only env.name=multimodal "
                          f"draws from its task (got env.name={cfg.env.name})")

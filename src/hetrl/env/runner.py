@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from hetrl.env.base import Environment, Message, Task
 from hetrl.env.chat import ChatCodec
+from hetrl.models.images import to_png
 from hetrl.types import CONVERSATION_KEY, ENV_REWARD_KEY, GenerationResult, Sample, SamplingParams
 
 # (prompt_ids, sampling) -> result; an engine that takes images also accepts ``images=`` (a list).
@@ -139,7 +140,7 @@ async def run_episode(
         prompt_text=codec.decode(prompt_ids), completion_text=codec.decode(traj.ids),
         answer=task.answer, rewards={ENV_REWARD_KEY: float(sum(scored))} if scored else {},
         num_turns=num_turns, num_tool_calls=int(info.get("num_tool_calls", 0)), info=info,
-        images=images, routed_experts=routed_experts,
+        images=[to_png(image) for image in images], routed_experts=routed_experts,  # PNG: a fraction of a PIL image's pickle
     )
 
 

@@ -100,7 +100,7 @@ def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -
                                   "is it the recipe (and model.* overrides) the checkpoint was trained with?") from error
         save_hf_checkpoint(trainer.module, cfg.model, out_dir, copy_files_from=tokenizer_dir, pg_collection=trainer.groups.pg_collection)
         if tokenizer_dir is None:
-            save_char_tokenizer(out_dir, cfg.model.vocab_size)
+            save_char_tokenizer(out_dir, cfg.model.vocab_size, image_token=cfg.model.is_vlm)
         logger.info("exported %s (policy version %s) to %s", step_dir, state.extra.get("version"), out_dir)
         del trainer
     finally:

@@ -6,6 +6,7 @@ derived from it so that the trainer's Megatron model and the engines' vLLM model
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,18 @@ def hf_config(cfg: ModelConfig):
     config = classes[cfg.arch](**hf_config_dict(cfg))
     config.architectures = [HF_ARCHITECTURES[cfg.arch]]
     return config
+
+
+def image_token_id(cfg: ModelConfig) -> int:
+    """The id of a vision-language policy's image placeholder: its checkpoint's, else the character tokenizer's."""
+    if cfg.hf_checkpoint is not None:
+        config = json.loads((Path(cfg.hf_checkpoint) / "config.json").read_text())
+        found = config.get("image_token_id", config.get("image_token_index"))
+        if found is None:
+            raise ValueError(f"{cfg.hf_checkpoint}/config.json names no image token (image_token_id / image_token_index): "
+                             "not a LLaVA-style checkpoint")
+        return int(found)
+    return CHAR_IMAGE_TOKEN_ID
 
 
 def llava_config(cfg: ModelConfig):

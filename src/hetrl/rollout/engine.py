@@ -48,7 +48,7 @@ from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
 from hetrl.rollout import cpu_torchvision_shim, worker_extension
-from hetrl.rollout.vision import FROZEN_TOWER_NOTICES, VISION_TOWER_PREFIX, image_inputs_of, reads_images
+from hetrl.rollout.vision import FROZEN_TOWER_NOTICES, UNUSED_TOWER_PREFIX, VISION_TOWER_PREFIX, image_inputs_of, reads_images
 from hetrl.transport.weights import shared_memory
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
 from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
@@ -497,15 +497,17 @@ class GenerationEngine:
             if written is not None:
                 shared_memory.remove_push(written)
 
-    def _omits_tower(self, staged: StagedWeights) -> bool:
-        """Whether ``staged`` leaves the vision tower out (model.vision.freeze: the engine keeps the tower it has)."""
-        return self.image_inputs is not None and not any(name.startswith(VISION_TOWER_PREFIX) for name in staged.tensors)
+    def _omitted(self, staged: StagedWeights) -> tuple[str, ...]:
+        """Name prefixes of a vision-language model's checkpoint that ``staged`` may leave out and does: the
+        tower when frozen (model.vision.freeze), else its unused final norm, which the trainer never changes."""
+        if self.image_inputs is None:
+            return ()
+        return tuple(p for p in (VISION_TOWER_PREFIX, UNUSED_TOWER_PREFIX) if not any(name.startswith(p) for name in staged.tensors))
 
     def _expected_in(self, staged: StagedWeights) -> dict[str, tuple[tuple[int, ...], str]]:
-        """The checkpoint tensors ``staged`` must hold: all, or all but the vision tower's when it leaves the tower out."""
-        if not self._omits_tower(staged):
-            return self.expected_weights
-        return {name: spec for name, spec in self.expected_weights.items() if not name.startswith(VISION_TOWER_PREFIX)}
+        """The checkpoint tensors ``staged`` must hold: all but what it may leave out and does (:meth:`_omitted`)."""
+        omitted = self._omitted(staged)
+        return {name: spec for name, spec in self.expected_weights.items() if not (omitted and name.startswith(omitted))}
 
     @staticmethod
     def _write_shared(staged: StagedWeights) -> Path:
@@ -518,7 +520,7 @@ class GenerationEngine:
     def _reload(self, staged: StagedWeights, shared: Path | None) -> None:
         """Swap the weights on every worker: tensors in hand (in-process worker) or the push in shared memory."""
         if shared is None:
-            FROZEN_TOWER_NOTICES.active = self._omits_tower(staged)
+            FROZEN_TOWER_NOTICES.active = bool(self._omitted(staged))
             try:
                 self._engine.collective_rpc(
                     "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)

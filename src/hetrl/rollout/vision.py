@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 VISION_TOWER_PREFIX = "model.vision_tower."  # LLaVA's vision tower, as vLLM loads it (a frozen one is not pushed)
+# The tower's final norm: LLaVA's features are a layer's patches, never the normed class token, so the
+# trainer never changes it and pushes leave it out (hetrl.trainer.vision: a frozen parameter).
+UNUSED_TOWER_PREFIX = VISION_TOWER_PREFIX + "vision_model.post_layernorm."
 
 
 def reads_images(model_path: str | Path) -> bool:
@@ -59,7 +62,7 @@ def image_inputs_of(llm_engine: Any, max_model_len: int) -> ImageInputs:
 
 
 class _FrozenTowerNotices(logging.Filter):
-    """While a push without the vision tower is reloaded (``active``), drops vLLM's notices about its absence.
+    """While a push without (part of) the vision tower is reloaded (``active``), drops vLLM's notices about its absence.
 
     vLLM lists the tower's parameters as "not loaded" and warns "<Layer>: Failed to load weights" for
     each of its layers, then keeps the weights they had -- the intended outcome, at every push. The

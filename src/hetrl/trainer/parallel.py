@@ -86,7 +86,7 @@ def check_layout(cfg: TrainerConfig, world_size: int, *, has_gpu: bool) -> int:
             f"trainer.expert_parallel={cfg.expert_parallel} must divide data_parallel x context_parallel = "
             f"{dp} x {cfg.context_parallel} for world size {world_size}"
         )
-    # Sequence parallelism runs on CPU too: the local spec's norms are hetrl's (trainer/model.py TorchNorm).
+    # Sequence parallelism runs on CPU too: the local spec's norms are hetrl's (trainer/norms.py TorchNorm).
     if not has_gpu and cfg.precision != "fp32":
         raise ValueError(f"trainer.precision={cfg.precision!r} on CPU: use fp32 (bf16 is emulated and ~5x slower)")
     return dp

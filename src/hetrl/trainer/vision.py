@@ -67,14 +67,14 @@ class ImageSpec:
 def image_spec(model_cfg: ModelConfig) -> ImageSpec | None:
     """The policy's :class:`ImageSpec`; None for a text-only model.
 
-    The placeholder id is the character tokenizer's ``<image>`` (what ``hetrl.models.hf`` writes as
-    the LLaVA config's ``image_token_index``).
+    The placeholder id is the checkpoint's (``model.hf_checkpoint``), else the character tokenizer's
+    ``<image>`` (what ``hetrl.models.hf`` writes as a random-init LLaVA's ``image_token_index``).
     """
-    from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID
+    from hetrl.models.hf import image_token_id
 
     if model_cfg.vision is None:
         return None
-    return ImageSpec(CHAR_IMAGE_TOKEN_ID, model_cfg.vision.tokens_per_image, model_cfg.vision.image_size)
+    return ImageSpec(image_token_id(model_cfg), model_cfg.vision.tokens_per_image, model_cfg.vision.image_size)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def _vit_layer_spec():  # -> megatron ModuleSpec
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
-    from hetrl.trainer.model import TorchNorm
+    from hetrl.trainer.norms import TorchNorm
 
     attention = ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.no_mask}, submodules=SelfAttentionSubmodules(
         linear_qkv=ColumnParallelLinear, core_attention=BidirectionalAttention, linear_proj=RowParallelLinear))
@@ -248,7 +248,7 @@ class VisionEncoder(torch.nn.Module):
         from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
         from megatron.core.transformer.mlp import MLPSubmodules
 
-        from hetrl.trainer.model import TorchNorm
+        from hetrl.trainer.norms import TorchNorm
 
         super().__init__()
         vision = model_cfg.vision
