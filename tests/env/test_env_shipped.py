@@ -135,11 +135,20 @@ def test_shapes_options_choose_questions_and_scene_sizes():
     default = ShapesSource(size=40, seed=0)
     asked = {t.messages[0]["content"].split("?")[0].split()[-1] for t in (default[i] for i in range(40))}
     assert asked == {"image", "circle", "square", "triangle"}  # "How many <colour> shapes are in the image?" or "... are a <kind>?"
+    colours = ShapesSource(size=40, seed=0, options={"questions": ["which_colour"], "fill": True}, answer_instruction="")
+    for task in (colours[i] for i in range(40)):
+        shapes, code = task.metadata["shapes"], int(task.answer)
+        assert task.messages[0]["content"] == "What colour are the shapes? Answer 1 for blue, 2 for green, 3 for red, 4 for yellow."
+        assert {s["colour"] for s in shapes} == {["blue", "green", "red", "yellow"][code - 1]} and all(s["margin"] == 0 for s in shapes)
+    filled = render_scene([{"kind": "square", "colour": "red", "cell": 5, "margin": 0}])
+    assert filled.getpixel((32, 32)) == filled.getpixel((63, 63)) == (220, 40, 40) and filled.getpixel((64, 64)) == (255, 255, 255)
+    framed = render_scene([{"kind": "square", "colour": "red", "cell": 5}])  # the default margin of 4 px
+    assert framed.getpixel((35, 35)) == (255, 255, 255) and framed.getpixel((36, 36)) == (220, 40, 40)
     with pytest.raises(ValueError, match="subset of"):
         ShapesSource(4, 0, {"questions": ["area"]})
     with pytest.raises(ValueError, match="unknown env.tasks.options"):
         ShapesSource(4, 0, {"colours": 3})
-    with pytest.raises(ValueError, match="options is not used by task source 'screen_tasks'"):
+    with pytest.raises(ValueError, match="options is not used by task source 'screen_tasks' \\(only by reasoning_gym and shapes\\)"):
         TaskSourceConfig(source="screen_tasks", options={"questions": ["total"]})
 
 

@@ -36,11 +36,11 @@ class TaskSourceConfig(Section):
     path: str | None = Field(None, description="source=file: path of the JSONL or Parquet file.")
     size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes, screen_tasks): tasks to draw (the stream cycles through them, reshuffled per epoch).")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms); source=shapes: questions (colour, kind, total), min_shapes, max_shapes."
+        default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms); source=shapes: questions (colour, kind, total, which_colour), min_shapes, max_shapes, fill."
     )
     answer_instruction: str | None = Field(
         None,
-        description="source=reasoning_gym: the sentence after each question that says how to format the answer; null = "
+        description="source=reasoning_gym or shapes: the sentence after each question that says how to format the answer; null = "
         "the source's own (answer inside <answer></answer> tags), \"\" = none (e.g. when a warm start teaches the format).",
     )
 
@@ -54,11 +54,11 @@ class TaskSourceConfig(Section):
         if self.source == "file" and self.path is None:
             raise ValueError("path is required when source is 'file': set it to the JSONL or Parquet file of tasks")
         if self.source != "reasoning_gym":
-            checked = ([] if self.source == "shapes" else [("options", self.options or None, "{}")]) + [("answer_instruction", self.answer_instruction, "null")]
-            for key, value, unset in checked:
-                if value is not None:
-                    raise ValueError(f"{key} is not used by task source {self.source!r} (options: reasoning_gym and shapes; "
-                                     f"answer_instruction: reasoning_gym): set it to {unset}")
+            if self.source != "shapes":
+                for key, value, unset in (("options", self.options or None, "{}"), ("answer_instruction", self.answer_instruction, "null")):
+                    if value is not None:
+                        raise ValueError(f"{key} is not used by task source {self.source!r} (only by reasoning_gym and shapes): "
+                                         f"set it to {unset}")
         return self
 
 

@@ -101,13 +101,12 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
         return cls(cfg.path)
     if cfg.source == "reasoning_gym":
         return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
-    takes_options = cfg.source == "shapes"
-    for key, value in (("options", None if takes_options else cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
+    if cfg.source == "shapes":
+        return cls(size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
+    for key, value in (("options", cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
         if value is not None:
-            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (options: reasoning_gym and shapes; "
-                             f"answer_instruction: reasoning_gym): set it to {'{}' if key == 'options' else 'null'}")
-    if takes_options:
-        return cls(size=cfg.size, seed=seed, options=cfg.options)
+            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym and shapes): "
+                             f"set it to {'{}' if key == 'options' else 'null'}")
     return cls() if cfg.source == "human_eval" else cls(size=cfg.size, seed=seed)
 
 

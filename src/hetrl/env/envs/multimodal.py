@@ -22,16 +22,21 @@ IMAGE_SIZE = 128
 CELL = 32  # shapes sit in a 4x4 grid of cells so they never overlap (counting stays well defined)
 
 
+MARGIN = 4  # pixels between a shape and its cell's edge; 0 with the source's ``fill`` option
+
+
 def render_scene(shapes: list[dict[str, Any]], size: int = IMAGE_SIZE):
-    """A PIL image of ``shapes`` (each {kind, colour, cell}) on a white background."""
+    """A PIL image of ``shapes`` (each {kind, colour, cell}, optionally margin) on a white background."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(image)
     per_row = size // CELL
     for shape in shapes:
-        x0, y0 = (shape["cell"] % per_row) * CELL + 4, (shape["cell"] // per_row) * CELL + 4
-        x1, y1 = x0 + CELL - 8, y0 + CELL - 8
+        margin = shape.get("margin", MARGIN)
+        left, top = (shape["cell"] % per_row) * CELL, (shape["cell"] // per_row) * CELL
+        x0, y0 = left + margin, top + margin
+        x1, y1 = min(x0 + CELL - 2 * margin, left + CELL - 1), min(y0 + CELL - 2 * margin, top + CELL - 1)
         fill = COLOURS[shape["colour"]]
         if shape["kind"] == "circle":
             draw.ellipse((x0, y0, x1, y1), fill=fill)
@@ -42,14 +47,21 @@ def render_scene(shapes: list[dict[str, Any]], size: int = IMAGE_SIZE):
     return image
 
 
-QUESTIONS = ("colour", "kind", "total")  # count the shapes of a colour, of a kind, or all of them
+# count the shapes of a colour, of a kind, or all of them; or name the one colour all shapes share (by its number)
+QUESTIONS = ("colour", "kind", "total", "which_colour")
+COLOUR_CODES = sorted(COLOURS)  # which_colour's answers: 1 for the first, ...
 
 
 def make_scene(rng: random.Random, questions: tuple[str, ...] = ("colour", "kind"), min_shapes: int = 2,
-               max_shapes: int = 7) -> tuple[list[dict[str, Any]], str, str]:
-    """(shapes, question, answer) for one seeded scene; the question is one of ``questions`` (:data:`QUESTIONS`)."""
+               max_shapes: int = 7, fill: bool = False) -> tuple[list[dict[str, Any]], str, str]:
+    """(shapes, question, answer) for one seeded scene; the question is one of ``questions`` (:data:`QUESTIONS`).
+
+    ``fill``: shapes reach their cell's edges (no margin), so more of each image patch shows their colour.
+    """
     cells = rng.sample(range((IMAGE_SIZE // CELL) ** 2), rng.randint(min_shapes, max_shapes))
     shapes = [{"kind": rng.choice(KINDS), "colour": rng.choice(sorted(COLOURS)), "cell": c} for c in cells]
+    if fill:
+        shapes = [{**shape, "margin": 0} for shape in shapes]
     asked = rng.choice(questions)
     if asked == "colour":
         colour = rng.choice(sorted(COLOURS))
@@ -59,8 +71,13 @@ def make_scene(rng: random.Random, questions: tuple[str, ...] = ("colour", "kind
         kind = rng.choice(KINDS)
         question = f"How many shapes in the image are a {kind}?"
         answer = str(sum(s["kind"] == kind for s in shapes))
-    else:
+    elif asked == "total":
         question, answer = "How many shapes are in the image?", str(len(shapes))
+    else:
+        colour = rng.choice(COLOUR_CODES)
+        shapes = [{**shape, "colour": colour} for shape in shapes]
+        codes = ", ".join(f"{number} for {name}" for number, name in enumerate(COLOUR_CODES, 1))
+        question, answer = f"What colour are the shapes? Answer {codes}.", str(COLOUR_CODES.index(colour) + 1)
     return shapes, question, answer
 
 
@@ -68,27 +85,33 @@ class ShapesSource(ProceduralSource):
     """Seeded scene questions; the answer is a count, as a string.
 
     ``options`` (``env.tasks.options``): ``questions``, a subset of :data:`QUESTIONS` (default colour
-    and kind); ``min_shapes``/``max_shapes`` per scene (default 2-7, at most 16 cells).
+    and kind); ``min_shapes``/``max_shapes`` per scene (default 2-7, at most 16 cells); ``fill``
+    (shapes without a margin in their cells). ``answer_instruction`` follows each question (default:
+    answer inside <answer></answer> tags; "" for none).
     """
 
     name = "shapes"
 
-    def __init__(self, size: int, seed: int, options: dict[str, Any] | None = None) -> None:
+    ANSWER_INSTRUCTION = " Give the number inside <answer></answer> tags."
+
+    def __init__(self, size: int, seed: int, options: dict[str, Any] | None = None, answer_instruction: str | None = None) -> None:
         super().__init__(size, seed)
+        self.answer_instruction = self.ANSWER_INSTRUCTION if answer_instruction is None else answer_instruction
         options = dict(options or {})
         self.questions = tuple(options.pop("questions", ("colour", "kind")))
         self.min_shapes, self.max_shapes = int(options.pop("min_shapes", 2)), int(options.pop("max_shapes", 7))
+        self.fill = bool(options.pop("fill", False))
         if options:
-            raise ValueError(f"shapes: unknown env.tasks.options {sorted(options)} (known: questions, min_shapes, max_shapes)")
+            raise ValueError(f"shapes: unknown env.tasks.options {sorted(options)} (known: questions, min_shapes, max_shapes, fill)")
         if not self.questions or set(self.questions) - set(QUESTIONS):
             raise ValueError(f"shapes: env.tasks.options.questions={list(self.questions)} must be a non-empty subset of {list(QUESTIONS)}")
         if not 1 <= self.min_shapes <= self.max_shapes <= (IMAGE_SIZE // CELL) ** 2:
             raise ValueError(f"shapes: need 1 <= min_shapes ({self.min_shapes}) <= max_shapes ({self.max_shapes}) <= {(IMAGE_SIZE // CELL) ** 2}")
 
     def make(self, rng: random.Random, index: int) -> Task:
-        shapes, question, answer = make_scene(rng, self.questions, self.min_shapes, self.max_shapes)
+        shapes, question, answer = make_scene(rng, self.questions, self.min_shapes, self.max_shapes, self.fill)
         return Task(task_id=f"shapes/{index}", source=self.name,
-                    messages=[{"role": "user", "content": question + " Give the number inside <answer></answer> tags."}],
+                    messages=[{"role": "user", "content": question + self.answer_instruction}],
                     answer=answer, metadata={"shapes": shapes})
 
 
