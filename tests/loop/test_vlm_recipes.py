@@ -27,7 +27,7 @@ def test_tiny_computer_use_runs_with_screenshots_in_the_store(tmp_path):
     run_dir = tmp_path / "tiny_computer_use"
     steps = _metrics(run_dir)
     assert len(steps) == 3 and all("reward/env/mean" in step and "mismatch/k3_kl" in step for step in steps)
-    assert max(step["mismatch/k3_kl"] for step in steps) < 1e-3  # engine and trainer see the same screenshots
+    assert max(step["mismatch/k3_kl"] for step in steps) < 1e-6  # engine and trainer see the same screenshots (measured ~5e-14)
     records = RolloutReader(run_dir).records()
     assert records and all(record.sample.images for record in records)
     first = records[0].sample
