@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_grpo", ["env.name=multimodal", "env.tasks.source=shapes", "env.tasks.options={}", "env.tasks.answer_instruction=null"],
          "env.name=multimodal shows the policy images, but model.arch=llama is a text model"),
         ("tiny_grpo", ["eval.image_ablation=true"], "eval.image_ablation=true .* only env.name=multimodal"),
+        ("tiny_computer_use", ["trainer.pack_length=1800"], r"pack_length=1800 is shorter than the longest episode .* \(1860 positions"),
         ("tiny_vlm_grpo", ["trainer.context_parallel=2"], "vision-language policy .* without context or sequence parallelism"),
         ("tiny_vlm_grpo", ["trainer.tensor_parallel=4"], r"tensor_parallel=4 does not divide model.vision.num_attention_heads=2"),
         # what CPU-only profiles cannot do (trainer/parallel.py check_layout, transformer-engine, CUDA IPC); sequence
@@ -62,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
         # a step's batch and lengths (trainer/rl_step.py minibatch_bounds, trainer/batch.py packing)
         ("tiny_grpo", ["trainer.updates_per_batch=129"], r"updates_per_batch=129 .* 16 x 8 = 128 samples.*updates_per_batch <= 128"),
         ("tiny_ppo", ["run.prompts_per_step=2", "trainer.updates_per_batch=17"], "updates_per_batch <= 16"),
-        ("tiny_grpo", ["trainer.pack_length=64"], "pack_length=64 is shorter than env.max_episode_tokens=160"),
+        ("tiny_grpo", ["trainer.pack_length=64"], r"pack_length=64 is shorter than the longest episode the trainer may get \(160 positions: env.max_episode_tokens"),
         # environments and task sources (hetrl.env.registry)
         ("tiny_grpo", ["env.name=maths"], r"unknown environment 'maths' \(did you mean 'math'\?\); valid names: code, math"),
         ("tiny_grpo", ["env.tasks.source=reasoninggym"], r"unknown task source 'reasoninggym' \(did you mean 'reasoning_gym'\?\)"),

@@ -129,3 +129,17 @@ def test_images_need_an_engine_that_takes_them(codec):
 
     with pytest.raises(ValueError, match="images"):
         asyncio.run(run_episode(MultimodalEnv(), ShapesSource(4, 0)[0], 0, text_only, codec, SamplingParams(), 1, 512, "s", "g"))
+
+
+def test_placeholder_text_is_not_an_image_for_a_vision_language_tokenizer():
+    """'<image>' written in a message (a task, a tool's output, text the policy typed) must not become the
+    image token: the engine would be sent one image fewer than placeholders."""
+    from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID
+
+    codec = ChatCodec(build_char_tokenizer(128, image_token=True))
+    image = object()
+    ids = codec.prompt_ids([{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "typed '<image>'"}]}])
+    assert ids.count(CHAR_IMAGE_TOKEN_ID) == 1
+    assert codec.prompt_ids([{"role": "tool", "content": "<image>"}]).count(CHAR_IMAGE_TOKEN_ID) == 0
+    text_codec = ChatCodec(build_char_tokenizer(128))  # a text model's tokenizer spells it out: left as it is
+    assert "<image>" in text_codec.render([{"role": "user", "content": "<image>"}], add_generation_prompt=False)

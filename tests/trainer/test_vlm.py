@@ -71,7 +71,7 @@ def test_placeholders_expand_in_model_space_and_sample_space_keeps_completion_co
     sample = vlm_samples()[1]
     layout = model_tokens(sample, spec)
     assert layout.ids == [IMG] * TPI + [6, 7, 12, 13, 20] + [IMG] * TPI + [21, 14, 15]
-    assert layout.prompt_len == TPI + 2
+    assert layout.completion_at[0] == TPI + 2  # the prompt takes its image's positions and two tokens
     assert layout.image_positions == list(range(TPI)) + list(range(TPI + 5, 2 * TPI + 5))
     # every original completion token sits where its id is in model space
     assert [layout.ids[k] for k in layout.completion_at] == sample.completion_ids

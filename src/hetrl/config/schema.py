@@ -128,10 +128,15 @@ def _check_batch_and_lengths(cfg: HetrlConfig) -> None:
         raise ValueError(f"trainer.updates_per_batch={cfg.trainer.updates_per_batch} splits each step's run.prompts_per_step x "
                          f"algorithm.group_size = {cfg.run.prompts_per_step} x {cfg.algorithm.group_size} = {samples} samples into "
                          f"that many minibatches: use trainer.updates_per_batch <= {samples}")
-    pack = cfg.trainer.pack_length
-    if pack is not None and pack < cfg.env.max_episode_tokens:
-        raise ValueError(f"trainer.pack_length={pack} is shorter than env.max_episode_tokens={cfg.env.max_episode_tokens}: an episode "
-                         f"that long fits no bin; use trainer.pack_length >= {cfg.env.max_episode_tokens}")
+    pack, longest = cfg.trainer.pack_length, cfg.env.max_episode_tokens
+    if cfg.model.vision is not None and cfg.env.name in IMAGE_ENVIRONMENTS:
+        # env.max_episode_tokens counts an image as its one placeholder; the trainer packs it as tokens_per_image
+        # positions, and an episode shows at most one image a turn.
+        longest += cfg.env.max_turns * (cfg.model.vision.tokens_per_image - 1)
+    if pack is not None and pack < longest:
+        raise ValueError(f"trainer.pack_length={pack} is shorter than the longest episode the trainer may get ({longest} positions: "
+                         f"env.max_episode_tokens, and for a vision-language policy each turn's image expanded): an episode "
+                         f"that long fits no bin; use trainer.pack_length >= {longest}")
 
 
 def _check_adaptive_staleness(cfg: HetrlConfig) -> None:

@@ -50,9 +50,19 @@ class ChatCodec:
         # Python overhead (which dominated episode time in bench/env_throughput.py). HF's decode may
         # also clean up spaces, which must not happen to text the policy sees.
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        # Where the placeholder is one token (a vision-language tokenizer), the same text inside a message
+        # (a task, a tool's output, text the policy typed) would read as an image with none sent: it is
+        # rendered with a space after its "<" instead.
+        self._escaped = None
+        if image_placeholder is not None and len(self.encode(image_placeholder)) == 1:
+            self._escaped = image_placeholder[:1] + " " + image_placeholder[1:]
         self._closer = self._learn_turn_closer()
 
     # --- rendering -----------------------------------------------------------------------------
+    def _text(self, text: str) -> str:
+        """A message's own text, with the image placeholder escaped where it is a token (see ``__init__``)."""
+        return text.replace(self.image_placeholder, self._escaped) if self._escaped else text
+
     def _normalise(self, messages: list[Message]) -> list[Message]:
         if self.image_placeholder is None:
             return messages
@@ -60,10 +70,12 @@ class ChatCodec:
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):
-                text = "".join(self.image_placeholder if p.get("type") == "image" else p.get("text", "") for p in content)
+                text = "".join(self.image_placeholder if p.get("type") == "image" else self._text(p.get("text", "")) for p in content)
                 m = {**m, "content": text}
             elif content is None:
                 m = {**m, "content": ""}
+            elif isinstance(content, str) and self._escaped:
+                m = {**m, "content": self._text(content)}
             out.append(m)
         return out
 

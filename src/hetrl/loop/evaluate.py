@@ -84,6 +84,7 @@ def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> 
     from hetrl.models.hf import HF_ARCHITECTURES
 
     expected, actual = _recipe_shape(model), _shape_of(found)
+    actual |= {key: value for key, value in found.items() if key.startswith("vision.")}  # found may be a _recipe_shape already
     wrong = [f"{key}: recipe {expected[key]}, checkpoint {actual[key]}" for key in expected if key in actual and actual[key] != expected[key]]
     architectures = found.get("architectures") or []
     if architectures and HF_ARCHITECTURES[model.arch] not in architectures:

@@ -94,7 +94,7 @@ def llava_config(cfg: ModelConfig):
 
     The features are the last ViT layer's patches (``vision_feature_layer=-1``, class token dropped):
     the layer the trainer's ViT ends with, so it holds no block the policy never uses. The image
-    token is the character tokenizer's (:func:`hetrl.models.tokenizer.build_char_tokenizer`).
+    token is the checkpoint's, else the character tokenizer's (:func:`image_token_id`).
     """
     import transformers
 
@@ -106,7 +106,7 @@ def llava_config(cfg: ModelConfig):
         layer_norm_eps=vision.norm_epsilon, hidden_act="quick_gelu", projection_dim=cfg.hidden_size,
     )
     config = transformers.LlavaConfig(
-        vision_config=vision_config, text_config=text, image_token_index=CHAR_IMAGE_TOKEN_ID,
+        vision_config=vision_config, text_config=text, image_token_index=image_token_id(cfg),
         image_seq_length=vision.tokens_per_image, projector_hidden_act="gelu", vision_feature_select_strategy="default",
         vision_feature_layer=-1, multimodal_projector_bias=True, tie_word_embeddings=cfg.tie_word_embeddings,
     )

@@ -44,6 +44,9 @@ def image_inputs_of(llm_engine: Any, max_model_len: int) -> ImageInputs:
 
     model_config = llm_engine.model_config
     hf_config = model_config.hf_config
+    if getattr(hf_config, "model_type", None) != "llava":  # LLaVA-NeXT, Qwen2-VL, ...: images of varying size
+        raise RuntimeError(f"{model_config.model} ({model_config.architecture}): hetrl's engines serve LLaVA (model_type llava), "
+                           f"whose images each take a fixed number of positions; got model_type {getattr(hf_config, 'model_type', None)!r}")
     token_id = getattr(hf_config, "image_token_id", None)
     token_id = getattr(hf_config, "image_token_index", None) if token_id is None else token_id
     info = MULTIMODAL_REGISTRY.get_processing_info(model_config)

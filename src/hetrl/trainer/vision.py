@@ -82,7 +82,6 @@ class ModelTokens:
     """A sample's token ids as the model sees them (image placeholders expanded)."""
 
     ids: list[int]
-    prompt_len: int  # model positions of the prompt
     completion_at: list[int]  # model position of each original completion token (its first copy for an image)
     image_positions: list[int]  # model positions that take image features, images in order
 
@@ -99,7 +98,7 @@ def model_tokens(sample: Sample, spec: ImageSpec | None) -> ModelTokens:
         if sample.images:
             raise ValueError(f"sample {sample.sample_id} carries {len(sample.images)} images but the policy has no vision encoder "
                              "(model.arch=llava with model.vision)")
-        return ModelTokens(ids, p, list(range(p, len(ids))), [])
+        return ModelTokens(ids, list(range(p, len(ids))), [])
     placeholders = [k for k, token in enumerate(ids) if token == spec.image_token_id]
     if len(placeholders) != len(sample.images):
         raise ValueError(f"sample {sample.sample_id} has {len(placeholders)} image placeholders (id {spec.image_token_id}) "
@@ -117,8 +116,7 @@ def model_tokens(sample: Sample, spec: ImageSpec | None) -> ModelTokens:
         if copies > 1:
             image_positions.extend(range(len(expanded), len(expanded) + copies))
         expanded.extend([token] * copies)
-    prompt_len = at[p] if p < len(ids) else len(expanded)
-    return ModelTokens(expanded, prompt_len, at[p:], image_positions)
+    return ModelTokens(expanded, at[p:], image_positions)
 
 
 def model_length(sample: Sample, spec: ImageSpec | None) -> int:

@@ -82,7 +82,7 @@ def make_scene(rng: random.Random, questions: tuple[str, ...] = ("colour", "kind
 
 
 class ShapesSource(ProceduralSource):
-    """Seeded scene questions; the answer is a count, as a string.
+    """Seeded scene questions; the answer is a number, as a string (a count, or which_colour's colour number).
 
     ``options`` (``env.tasks.options``): ``questions``, a subset of :data:`QUESTIONS` (default colour
     and kind); ``min_shapes``/``max_shapes`` per scene (default 2-7, at most 16 cells); ``fill``
