@@ -15,6 +15,17 @@ from hetrl.config.model import ModelConfig  # noqa: E402
 TINY = dict(hidden_size=128, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=256, vocab_size=128, max_position_embeddings=256)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _engine_environment_stays_here():
+    """An in-process engine sets vLLM's variables (thread bind, ...) in this process's environment; a run that a
+    later test launches would inherit them as a site's choice (a TP=2 bind for its TP=1 engine). Restored per module."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith("VLLM_")}
+    yield
+    for name in [name for name in os.environ if name.startswith("VLLM_")]:
+        del os.environ[name]
+    os.environ.update(saved)
+
+
 def tiny_model_config(**overrides) -> ModelConfig:
     return ModelConfig(**{**TINY, **overrides})
 
