@@ -74,11 +74,11 @@ def test_model_shape_check_of_a_vision_language_checkpoint():
         check_model_shape(model, {**saved, "vision_config": {**saved["vision_config"], "patch_size": 8}}, "x")
     with pytest.raises(CheckpointError, match="num_hidden_layers: recipe 2, checkpoint 3"):
         check_model_shape(model, {**saved, "text_config": {**saved["text_config"], "num_hidden_layers": 3}}, "x")
-    from hetrl.loop.evaluate import _recipe_shape
+    from hetrl.loop.evaluate import _recipe_config
 
     other = load_config("tiny_vlm_grpo", ["model.vision.patch_size=8"]).model  # what a trainer checkpoint's run config says
     with pytest.raises(CheckpointError, match="vision.patch_size: recipe 16, checkpoint 8"):
-        check_model_shape(model, {**_recipe_shape(other), "architectures": ["LlavaForConditionalGeneration"]}, "x")
+        check_model_shape(model, {**_recipe_config(other), "architectures": ["LlavaForConditionalGeneration"]}, "x")
     with pytest.raises(CheckpointError, match="architecture: recipe LlavaForConditionalGeneration"):
         check_model_shape(model, {**hf_config_dict(load_config("tiny_grpo").model), "architectures": ["LlamaForCausalLM"]}, "x")
 

@@ -73,18 +73,18 @@ def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
     return shape | {f"vision.{key}": vision[key] for key in _VISION_SHAPE_KEYS if vision.get(key) is not None}
 
 
-def _recipe_shape(model: ModelConfig) -> dict[str, Any]:
+def _recipe_config(model: ModelConfig) -> dict[str, Any]:
+    """The HF config a recipe's ``model:`` describes, as a dict (a vision-language one nested as HF saves it)."""
     from hetrl.models.hf import hf_config, hf_config_dict
 
-    return _shape_of(hf_config(model).to_dict() if model.is_vlm else hf_config_dict(model))
+    return hf_config(model).to_dict() if model.is_vlm else hf_config_dict(model)
 
 
 def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> None:
     """Raise if the HF config dict ``found`` (from ``where``) describes other shapes than ``model``."""
     from hetrl.models.hf import HF_ARCHITECTURES
 
-    expected, actual = _recipe_shape(model), _shape_of(found)
-    actual |= {key: value for key, value in found.items() if key.startswith("vision.")}  # found may be a _recipe_shape already
+    expected, actual = _shape_of(_recipe_config(model)), _shape_of(found)
     wrong = [f"{key}: recipe {expected[key]}, checkpoint {actual[key]}" for key in expected if key in actual and actual[key] != expected[key]]
     architectures = found.get("architectures") or []
     if architectures and HF_ARCHITECTURES[model.arch] not in architectures:
@@ -104,7 +104,7 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     run_config = run_dir_of(step_dir) / rundir.CONFIG
     if run_config.exists():
         run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
-        found = {**_recipe_shape(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
+        found = {**_recipe_config(run_model), "architectures": [HF_ARCHITECTURES[run_model.arch]]}
         check_model_shape(cfg.model, found, f"{step_dir} (per {run_config})")
 
 

@@ -74,6 +74,7 @@ class PolicyTrainer:
         routing: RoutingMode = "off",
     ) -> None:
         self.model_cfg, self.trainer_cfg, self.algo_cfg = model_cfg, trainer_cfg, algo_cfg
+        self.images = image_spec(model_cfg)  # None for a text model; the placeholder id may come from the checkpoint's config
         self.groups = groups or init_parallel(trainer_cfg)
         self.temperature, self.max_len = temperature, max_len
         module = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
@@ -124,7 +125,7 @@ class PolicyTrainer:
         (``Sample.images``, one placeholder id each); sample space stays that of the samples.
         """
         g = self.groups
-        images = image_spec(self.model_cfg)
+        images = self.images
         indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images)
         batch = build_train_batch([samples[i] for i in indices], micro_batch_size=self.trainer_cfg.micro_batch_size,
                                   pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples),
