@@ -23,6 +23,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_tiny_computer_use_runs_with_screenshots_in_the_store(tmp_path):
+    """Also the frozen-tower path in a real run (model.vision.freeze): every push leaves the ViT out, and the engine takes it."""
     launch_tiny_grpo(tmp_path, "run.steps=3", recipe="tiny_computer_use")
     run_dir = tmp_path / "tiny_computer_use"
     steps = _metrics(run_dir)
