@@ -1,8 +1,9 @@
 """Episodes per second of the environment machinery alone (scripted policy, no model).
 
 Two environments: ``math`` (single turn) and ``tool_math`` (three calculator calls, then the
-answer: four policy turns, three observation deltas). Each runs through ``EnvWorker`` (64
-concurrent episodes on one asyncio loop, token-delta observations) — the contender — and through a
+answer: four policy turns, three observation deltas). Each runs through the rollout
+role's episode driver, ``EpisodeRunner`` (64 concurrent episodes on one asyncio loop, token-delta
+observations) — the contender — and through a
 baseline loop that re-renders and re-tokenises the whole conversation every turn, which is what a
 naive agent loop does and what token-in-token-out avoids. Medians of 3 repeats; one thread.
 
@@ -21,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hetrl.config.env import EnvConfig, TaskSourceConfig  # noqa: E402
 from hetrl.env.chat import ChatCodec  # noqa: E402
-from hetrl.env.pool import EnvWorker  # noqa: E402
+from hetrl.env.episodes import EpisodeRunner, group_items  # noqa: E402
 from hetrl.env.registry import build_task_source, env_factory  # noqa: E402
 from hetrl.env.tasks.base import TaskStream  # noqa: E402
 from hetrl.env.scripted import ScriptedPolicy  # noqa: E402
@@ -65,6 +66,12 @@ async def baseline_episodes(make_env, tasks, codec: ChatCodec, policy: ScriptedP
     return len(tasks)
 
 
+async def run_all(make_env, items, codec, policy, max_turns):
+    runner = EpisodeRunner(make_env, codec, policy.generate, max_turns=max_turns, max_episode_tokens=4096, concurrency=64)
+    await asyncio.gather(*(runner.start(item, SamplingParams(max_tokens=256)) for item in items))
+    return runner.take()[0]
+
+
 class Materialised:
     """The bench's tasks generated up front: both loops measure episodes, not task generation."""
 
@@ -86,12 +93,12 @@ def measure(env_name: str, script, max_turns: int) -> tuple[float, float]:
     make_env = env_factory(EnvConfig(name=env_name))
     contender, baseline = [], []
     for _ in range(REPEATS):
-        worker = EnvWorker(make_env, TaskStream(source, seed=0), codec, SamplingParams(max_tokens=256),
-                           max_turns=max_turns, max_episode_tokens=4096, concurrency=64)
+        items = [item for g, (task, seed) in enumerate(TaskStream(source, seed=0).take(NUM_EPISODES))
+                 for item in group_items(f"g{g}", task, seed, 1)]
         start = time.perf_counter()
-        groups = asyncio.run(worker.run_groups(NUM_EPISODES, 1, policy.generate))
+        samples = asyncio.run(run_all(make_env, items, codec, policy, max_turns))
         contender.append(NUM_EPISODES / (time.perf_counter() - start))
-        if not all(g[0].rewards.get("env") is not None for g in groups):
+        if len(samples) != NUM_EPISODES or not all(s.rewards.get("env") is not None for s in samples):
             raise RuntimeError(f"{env_name}: an episode ended unscored")
         tasks = TaskStream(source, seed=0).take(NUM_EPISODES)
         start = time.perf_counter()
@@ -102,9 +109,9 @@ def measure(env_name: str, script, max_turns: int) -> tuple[float, float]:
 
 def main() -> None:
     results = {"math": measure("math", math_script, 1), "tool_math": measure("tool_math", tool_script, 4)}
-    print(f"{'env':<10} {'EnvWorker ep/s':>15} {'re-tokenise ep/s':>17} {'ratio':>6}")
+    print(f"{'env':<10} {'EpisodeRunner ep/s':>19} {'re-tokenise ep/s':>17} {'ratio':>6}")
     for name, (ours, naive) in results.items():
-        print(f"{name:<10} {ours:>15.0f} {naive:>17.0f} {ours / naive:>6.2f}")
+        print(f"{name:<10} {ours:>19.0f} {naive:>17.0f} {ours / naive:>6.2f}")
     print(f"env_throughput: {results['tool_math'][0]:.0f}episodes/s (goal >= {GOAL_TOOL_EPS})")
 
 

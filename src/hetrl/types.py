@@ -64,6 +64,7 @@ class GenerationResult:
 
 REWARD_METRICS_KEY = "reward_metrics"  # Sample.info key of the reward functions' per-sample metrics (name -> value)
 ENV_REWARD_KEY = "env"  # Sample.rewards key of the environment's own verdict (summed by the episode runner)
+ENV_WAIT_KEY = "env_wait_s"  # Sample.info key of the seconds the episode waited for an environment slot (env.concurrency)
 CONVERSATION_KEY = "messages"  # Sample.info key of the episode as chat messages, text only ({"role", "content"} each)
 
 

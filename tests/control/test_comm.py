@@ -47,3 +47,17 @@ def test_share_hands_the_leaders_object_to_every_rank(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(tmp_path / f"rank{rank}").read_text() for rank in range(3)] == [
         f"OK {rank} [3, 300000] 7 True" for rank in range(3)], proc.stdout
+
+
+def test_naps_stay_short_while_a_message_is_likely_on_its_way(monkeypatch):
+    """~2 ms between probes for the first second of a wait (a step's results, a reward round trip), then up to 20 ms."""
+    from hetrl.control import comm
+
+    clock = [100.0]
+    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+    pauses = comm.naps()
+    soon = [next(pauses) for _ in range(10)]
+    assert soon[:3] == [0.0005, 0.001, 0.002] and max(soon) == 0.002
+    clock[0] += 1.5
+    later = [next(pauses) for _ in range(6)]
+    assert later == [0.004, 0.008, 0.016, 0.02, 0.02, 0.02]

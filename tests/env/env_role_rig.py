@@ -12,12 +12,12 @@ import dataclasses
 import json
 import sys
 
+from env_helpers import run_groups
 from mpi4py import MPI
 
 from hetrl.config import load_config
 from hetrl.control.comm import RoleContext, flush_sends
 from hetrl.env.chat import ChatCodec
-from hetrl.env.pool import EnvWorker
 from hetrl.env.registry import build_task_stream, env_factory
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import run_episode
@@ -56,8 +56,8 @@ async def with_pump(client, work):
     return job.result()
 
 
-def samples_of(groups):
-    return [dataclasses.asdict(s) for g in groups for s in g]
+def samples_of(samples):
+    return [dataclasses.asdict(s) for s in samples]
 
 
 async def rerun_until_done(client, codec):
@@ -95,12 +95,12 @@ def drive(mode):
     client = EnvRoleClient(RoleContext(MPI.COMM_WORLD, None, PLAN, PLAN.assignments[0]))
     if mode == "compare":
         def groups(make_env):
-            worker = EnvWorker(make_env, build_task_stream(CFG.env.tasks, seed=2), codec, SAMPLING, 4, 4096, concurrency=8)
-            return worker.run_groups(3, 2, ScriptedPolicy(codec, script, record=False).generate)
+            return run_groups(make_env, build_task_stream(CFG.env.tasks, seed=2), codec, ScriptedPolicy(codec, script, record=False).generate,
+                              num_groups=3, group_size=2, max_turns=4, concurrency=8, max_tokens=SAMPLING.max_tokens)
 
         remote = asyncio.run(with_pump(client, groups(client.make_env)))
         local = asyncio.run(groups(env_factory(CFG.env)))
-        report = {"equal": samples_of(remote) == samples_of(local), "turns": [s.num_turns for g in remote for s in g],
+        report = {"equal": samples_of(remote) == samples_of(local), "turns": [s.num_turns for s in remote],
                   "reported_load": client.reported}
     else:
         report = asyncio.run(with_pump(client, rerun_until_done(client, codec)))

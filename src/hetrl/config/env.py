@@ -75,7 +75,13 @@ class EnvConfig(Section):
     system_prompt: str | None = Field(None, description="System message prepended to every episode; null = the environment's own.")
     max_turns: int = Field(1, ge=1, description="Turn budget per episode.")
     max_episode_tokens: int = Field(512, ge=16, description="Token budget per episode (prompt + all turns).")
-    concurrency: int = Field(64, ge=1, description="Concurrent episodes per rollout worker.")
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Most episodes a rollout rank runs at once (each holds its environment: a process, a sandbox, an env "
+        "rank's slot); the others wait for a free one. null = every episode the rank is sent, which the engine batches "
+        "up to rollout.max_num_seqs.",
+    )
     placement: Literal["inline", "role"] = Field(
         "inline",
         description="Where environments run: inline = inside the rollout ranks, next to the engine; role = on env-server "

@@ -111,8 +111,9 @@ def _progress_sends() -> None:
         _outbox[:] = [request for request in _outbox if not request.Test()]
 
 
-def _naps() -> Iterator[float]:
-    """The sleeps between the probes of one wait (see _POLL_SOON_S)."""
+def naps() -> Iterator[float]:
+    """The sleeps between the probes of one wait (see _POLL_SOON_S); a role's own poll loop starts a new
+    wait (a fresh ``naps()``) whenever something moved, so that the next message is seen within ~2 ms."""
     start, delay = time.monotonic(), _POLL_MIN_S
     while True:
         yield delay
@@ -126,12 +127,12 @@ def flush_sends(timeout_s: float = 300.0) -> None:
     progress: a large message still in flight would hold its receiver until that wait ends.
     """
     deadline = time.monotonic() + timeout_s
-    naps = _naps()
+    pauses = naps()
     while _outbox:
         _progress_sends()
         if time.monotonic() > deadline:
             raise PeerTimeout(f"{len(_outbox)} sent message(s) not received within {timeout_s:.0f} s")
-        time.sleep(next(naps))
+        time.sleep(next(pauses))
 
 
 @dataclass
@@ -178,7 +179,7 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
 def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s: float | None = None) -> tuple[Any, int, int]:
     """Wait for a matching message, sleeping between probes so an idle rank uses no CPU."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    naps = _naps()
+    pauses = naps()
     while True:
         got = poll(comm, source, tag)
         if got is not None:
@@ -187,7 +188,7 @@ def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s
             who = "any rank" if source is None else f"rank {source}"
             what = "any message" if tag is None else Tag(tag).name
             raise PeerTimeout(f"waited {timeout_s:.0f} s for {what} from {who}")
-        time.sleep(next(naps))
+        time.sleep(next(pauses))
 
 
 def share(comm: Any, obj: Any = None, root: int = 0) -> Any:
@@ -213,7 +214,7 @@ def share(comm: Any, obj: Any = None, root: int = 0) -> Any:
 
 def _wait(request: Any) -> None:
     """Complete a non-blocking MPI request, sleeping between tests (and making this rank's sends progress)."""
-    naps = _naps()
+    pauses = naps()
     while not request.Test():
         _progress_sends()
-        time.sleep(next(naps))
+        time.sleep(next(pauses))

@@ -2,7 +2,7 @@
 
 Episodes whose steps are heavy (sandboxes, rendering) or must live on the CPU partition run in
 env server processes; the rollout side holds ``RemoteEnv`` proxies with the ordinary
-``Environment`` interface, so ``run_episode`` and ``EnvWorker`` work unchanged (token handling
+``Environment`` interface, so ``run_episode`` and ``EpisodeRunner`` work unchanged (token handling
 stays on the rollout side, next to the engine's ids; only tasks, messages and step results travel).
 
 Ownership: each episode is pinned to one server for its whole life (its state lives there); a

@@ -37,10 +37,11 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
+from hetrl.env.episodes import EpisodeItem, group_items
 from hetrl.loop.batching import require_room
 from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.loop.work import (
-    EpisodeItem, PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
+    PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
     TrainDone, TrainWork, id_order,
 )
 from hetrl.monitor import names
@@ -85,10 +86,6 @@ def group_lag(group: list[Sample], trainer_version: int) -> int:
     """Policy versions between the trainer and the group's oldest sampled token (0 if none was sampled)."""
     versions = [s.min_version for s in group if s.min_version >= 0]
     return trainer_version - min(versions) if versions else 0
-
-
-def _group(group_id: str, task: Any, seed: int, group_size: int) -> list[EpisodeItem]:
-    return [EpisodeItem(f"{group_id}.{i}", group_id, task, seed * 1000 + i) for i in range(group_size)]
 
 
 class Orchestrator:
@@ -147,7 +144,7 @@ class Orchestrator:
     def new_groups(self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str) -> list[list[EpisodeItem]]:
         groups = []
         for task, seed in tasks_with_seeds:
-            groups.append(_group(f"{purpose[0]}{self._next_group}", task, seed, group_size))
+            groups.append(group_items(f"{purpose[0]}{self._next_group}", task, seed, group_size))
             self._next_group += 1
         return groups
 
@@ -421,7 +418,7 @@ class Orchestrator:
 
     def _train_group(self, group_id: str, cursor: int, task: Any, seed: int) -> list[EpisodeItem]:
         self._open_tasks[group_id] = cursor
-        return _group(group_id, task, seed, self.cfg.algorithm.group_size)
+        return group_items(group_id, task, seed, self.cfg.algorithm.group_size)
 
     def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], int, int]:
         """Wait for ``prompts_per_step`` fresh groups; (DAPO) drop all-equal ones, refilling.

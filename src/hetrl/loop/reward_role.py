@@ -23,7 +23,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
@@ -31,8 +31,6 @@ from hetrl.reward.base import ScoringUnavailable
 from hetrl.types import Sample
 
 logger = logging.getLogger(__name__)
-_NAP_MIN_S = 0.0005
-_NAP_MAX_S = 0.02
 
 
 class _RiggedFaults:
@@ -79,7 +77,10 @@ class RewardRank:
         return ConcurrentScorer(rubric, self.cfg.reward.workers, self.wake)
 
     def run(self) -> None:
-        nap = _NAP_MIN_S
+        """Poll rounds until Shutdown. A round that moved nothing naps (``comm.naps``: ~2 ms for a second after the
+        last movement, when the step's next samples are on their way; then up to 20 ms), or until a scoring
+        thread's wake-up."""
+        pauses = naps()
         try:
             while True:
                 moved = self._take_work()
@@ -94,9 +95,10 @@ class RewardRank:
                     liveness.idle("waiting for samples to score")
                 elif moved:
                     liveness.busy(f"scoring {self.in_flight} sample(s)")
-                nap = _NAP_MIN_S if moved else min(nap * 2, _NAP_MAX_S)
-                if not moved:
-                    self.wake.wait(nap)
+                if moved:
+                    pauses = naps()
+                else:
+                    self.wake.wait(next(pauses))
                     self.wake.clear()
         finally:
             if self.client is not None:

@@ -1,13 +1,13 @@
 """The rollout role: one vLLM engine per rank, running many environment episodes at once.
 
 Ownership: the orchestrator hands out :class:`RolloutWork`; this rank runs each item as an
-asyncio episode (``hetrl.env.runner.run_episode``) whose ``generate`` calls go to the local engine,
-and streams finished samples back as soon as a poll round completes them. The episode's
-environment runs in this process (``env.placement: inline``) or on an env rank of the CPU
-partition (``role``: ``hetrl.loop.env_role``); either way the token ids stay here. Weight
-pushes arrive on the weight-sync group when the orchestrator says :class:`SyncWeights`; they are
-applied between two decoding steps (in-flight samples are paused and resumed under the new
-version).
+asyncio episode (:class:`hetrl.env.episodes.EpisodeRunner`, at most ``env.concurrency`` at once)
+whose ``generate`` calls go to the local engine, and streams finished samples back as soon as a
+poll round completes them. The episode's environment runs in this process (``env.placement:
+inline``) or on an env rank of the CPU partition (``role``: ``hetrl.loop.env_role``); either way
+the token ids stay here. Weight pushes arrive on the weight-sync group when the orchestrator says
+:class:`SyncWeights`; they are applied between two decoding steps (in-flight samples are paused
+and resumed under the new version).
 
 An engine failure while generating does not lose work: the episodes it held are cancelled and
 reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
@@ -31,22 +31,20 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, poll, send
-from hetrl.env.remote import EnvServerLost
+from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import EpisodeItem, PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
+from hetrl.loop.work import PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
-from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
+from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
-_IDLE_SLEEP_S = 0.005  # the longest nap of an idle round (the back-off starts at _NAP_MIN_S)
-_NAP_MIN_S = 0.0005
 
 
 class RolloutWorker:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown,
                  refuse_push: Countdown) -> None:
         from hetrl.env.chat import ChatCodec
+        from hetrl.env.episodes import EpisodeRunner
         from hetrl.env.registry import env_factory
         from transformers import AutoTokenizer
 
@@ -57,19 +55,17 @@ class RolloutWorker:
         self.engine = self._new_engine()
         liveness.tick()
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
-        self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir))
         self.env_client = None
         if cfg.env.placement == "role":
             from hetrl.loop.env_role import EnvRoleClient
 
             self.env_client = EnvRoleClient(ctx)
-        self.make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
+        make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
+        self.episodes = EpisodeRunner(make_env, ChatCodec(AutoTokenizer.from_pretrained(model_dir)), self.generate,
+                                      max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens,
+                                      concurrency=cfg.env.concurrency)
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
-        self._finished: list[Sample] = []
-        self._tasks: dict[asyncio.Task, EpisodeItem] = {}
-        self._errors: list[BaseException] = []
-        self._failed: list[str] = []
         self.stop = False
         self._generating_since: float | None = None  # when work last came to an engine holding no episodes
 
@@ -87,38 +83,12 @@ class RolloutWorker:
         self.engine.submit(GenerationRequest(request_id, prompt_ids, sampling, images=list(images or ())))
         return await future
 
-    async def _episode(self, item: EpisodeItem, sampling: SamplingParams) -> None:
-        from hetrl.env.runner import run_episode
-
-        env = self.make_env()
-        try:
-            try:
-                episode_sampling = SamplingParams(**{**sampling.__dict__, "seed": item.seed})
-                sample = await run_episode(
-                    env, item.task, item.seed, self.generate, self.codec, episode_sampling,
-                    self.cfg.env.max_turns, self.cfg.env.max_episode_tokens, item.sample_id, item.group_id,
-                )
-            finally:
-                await env.close()
-        except EnvServerLost as lost:  # its env rank went down: the orchestrator re-runs it from the start
-            logger.warning("episode %s lost its environment (%s); reporting it for a re-run", item.sample_id, lost)
-            self._failed.append(item.sample_id)
-            return
-        self._finished.append(sample)
-
-    def _episode_done(self, task: asyncio.Task) -> None:
-        self._tasks.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            self._errors.append(task.exception())
-
     def _handle(self, message: Any) -> None:
         if isinstance(message, RolloutWork):
             if self._generating_since is None:
                 self._generating_since = time.time()
             for item in message.items:
-                task = asyncio.get_running_loop().create_task(self._episode(item, message.sampling))
-                self._tasks[task] = item
-                task.add_done_callback(self._episode_done)
+                self.episodes.start(item, message.sampling)
         elif isinstance(message, SyncWeights):
             self._sync_weights(message)
         elif isinstance(message, Shutdown):
@@ -179,17 +149,9 @@ class RolloutWorker:
         return True
 
     def _replace_engine(self, error: BaseException) -> None:
-        """Cancel the episodes the engine held, report them for re-queueing, rebuild the engine.
-
-        An episode task that is already done (its done-callback not yet run) has its sample among
-        the finished ones, maybe already sent: it is not re-queued, or its id would come back twice.
-        """
-        held = {task: item for task, item in self._tasks.items() if not task.done()}
-        logger.error("generation engine failed (%r): re-queueing %d episode(s) and rebuilding it", error, len(held))
-        for task, item in held.items():
-            task.cancel()
-            self._failed.append(item.sample_id)
-        self._tasks.clear()
+        """Cancel the episodes the engine held, report them for re-queueing, rebuild the engine."""
+        cancelled = self.episodes.cancel()
+        logger.error("generation engine failed (%r): re-queueing %d episode(s) and rebuilding it", error, cancelled)
         self._waiting.clear()
         try:
             self.engine.shutdown()
@@ -200,10 +162,10 @@ class RolloutWorker:
             self.engine.load_weights(self.last_push)
 
     async def run(self) -> None:
-        """Poll rounds until Shutdown. A round that moved nothing naps, doubling up to _IDLE_SLEEP_S:
-        episodes waiting on tools or env ranks must not spin the core their tools need."""
+        """Poll rounds until Shutdown. A round that moved nothing naps (``comm.naps``: ~2 ms for a second after the
+        last movement, then up to 20 ms): episodes waiting on tools or env ranks must not spin the core their tools need."""
         orchestrator = self.ctx.orchestrator_rank
-        nap_s = 0.0
+        pauses = naps()
         while not self.stop:
             got_work = False
             while (got := poll(self.ctx.world, orchestrator, Tag.WORK)) is not None:
@@ -214,13 +176,13 @@ class RolloutWorker:
                 await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
             busy = self._step_engine()
             self._report_liveness(moved=busy or got_work or env_moved)
-            nap_s = 0.0 if busy or got_work or env_moved else min(max(2 * nap_s, _NAP_MIN_S), _IDLE_SLEEP_S)
-            await asyncio.sleep(nap_s)
-            if self._errors:
-                raise self._errors[0]
-            if self._finished or self._failed:
-                done, self._finished = self._finished, []
-                failed, self._failed = self._failed, []
+            if busy or got_work or env_moved:
+                pauses = naps()
+                await asyncio.sleep(0)  # the episodes' turns
+            else:
+                await asyncio.sleep(next(pauses))
+            done, failed = self.episodes.take()
+            if done or failed:
                 send(self.ctx.world, RolloutDone(done, failed), orchestrator, Tag.RESULT)
         if self.env_client:
             self.env_client.close()
@@ -229,13 +191,13 @@ class RolloutWorker:
     def _report_liveness(self, moved: bool) -> None:
         """Busy while it holds episodes (a decoding step or an env answer is progress), else idle;
         each stretch of holding episodes, from the work's arrival, is a ``generate`` span of the timeline."""
-        if not self._tasks:
+        if not self.episodes:
             if self._generating_since is not None:
                 timeline.record("generate", self._generating_since, time.time())
                 self._generating_since = None
             liveness.idle("waiting for episodes")
         elif moved:
-            liveness.busy(f"generating {len(self._tasks)} episode(s) with weights v{self.engine.version}")
+            liveness.busy(f"generating {len(self.episodes)} episode(s) with weights v{self.engine.version}")
 
 
 def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown, refuse_push: Countdown) -> None:

@@ -11,17 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from hetrl.env.episodes import EpisodeItem
 from hetrl.types import Sample, SamplingParams
-
-
-@dataclass
-class EpisodeItem:
-    """One episode to run: ``group_size`` items share a ``group_id`` (the same task)."""
-
-    sample_id: str
-    group_id: str
-    task: Any  # hetrl.env.base.Task
-    seed: int
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.types import REWARD_METRICS_KEY, Sample
+from hetrl.types import ENV_WAIT_KEY, REWARD_METRICS_KEY, Sample
 
 
 def _stats(values: Sequence[float], name_of) -> dict[str, float]:
@@ -56,6 +56,7 @@ def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     out[names.RESPONSE_LENGTH_TRUNCATED_FRAC] = sum(s.finish_reason == "length" for s in samples) / len(samples)
     out[names.EPISODE_TURNS_MEAN] = float(np.mean([s.num_turns for s in samples]))
     out[names.EPISODE_TOOL_CALLS_MEAN] = float(np.mean([s.num_tool_calls for s in samples]))
+    out[names.EPISODE_ENV_WAIT_MEAN] = float(np.mean([s.info.get(ENV_WAIT_KEY, 0.0) for s in samples]))
     out[names.FLAGS_FRAC] = sum(bool(s.flags) for s in samples) / len(samples)
     flag_counts: dict[str, int] = defaultdict(int)
     for s in samples:

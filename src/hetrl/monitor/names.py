@@ -73,6 +73,8 @@ RESPONSE_LENGTH_TRUNCATED_FRAC = _spec(
 )
 EPISODE_TURNS_MEAN = _spec("episode/turns_mean", "Mean number of policy turns per episode.", "turns")
 EPISODE_TOOL_CALLS_MEAN = _spec("episode/tool_calls_mean", "Mean number of tool calls per episode.", "calls")
+EPISODE_ENV_WAIT_MEAN = _spec("episode/env_wait_s_mean", "Mean seconds an episode waited for an environment slot on its rollout "
+                              "rank (env.concurrency; 0 without a bound).", "s")
 FLAGS_FRAC = _spec("flags/frac", "Fraction of samples carrying at least one reward-hacking/sanity flag.", "fraction")
 _spec("flags/<flag>_frac", "Fraction of samples carrying this flag.", "fraction")
 
