@@ -13,7 +13,9 @@ drift apart:
   grad clip, sampling); the learning rate follows Megatron's warmup as hetrl runs it (step k gets
   lr x min(1, (k + 1) / warmup)), not HF's constant_with_warmup (which gives step 0 lr 0).
 Not mirrored: hetrl's truncated IS correction of the engine/trainer mismatch (TRL samples with the
-trained model itself, HF ``generate``, so there is no mismatch to correct).
+trained model itself, HF ``generate``, so there is no mismatch to correct), and hetrl's shared-prompt
+rows (``trainer.shared_prompts``: each group's prompt computed once; TRL computes it per sample, in
+micro-batches of as many samples as hetrl's rows hold).
 
 Writes the final policy with its tokenizer to OUT/model (for ``launch.py eval``) and OUT/timings.json:
 the wall time of every step (optimizer step end to step end, as hetrl's ``time/step``) and of its
@@ -55,10 +57,12 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     if any(unmapped.values()):
         raise SystemExit(f"trl_grpo_step: no TRL mapping for {[key for key, bad in unmapped.items() if bad]}")
     samples = cfg.run.prompts_per_step * algo.group_size
+    # hetrl's micro-batch in samples: with trainer.shared_prompts a row is a whole group (its prompt once).
+    micro = min(samples, trainer.micro_batch_size * (algo.group_size if trainer.shared_prompts else 1))
     return GRPOConfig(
         output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=trainer.recompute_activations,
         max_steps=cfg.run.steps, seed=cfg.run.seed, shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step
-        per_device_train_batch_size=trainer.micro_batch_size, gradient_accumulation_steps=samples // trainer.micro_batch_size,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
         num_generations=algo.group_size, max_completion_length=rollout.max_tokens, temperature=rollout.temperature,
         top_p=rollout.top_p, top_k=max(rollout.top_k, 0),
         learning_rate=trainer.lr, warmup_steps=trainer.lr_warmup_steps, weight_decay=trainer.weight_decay,

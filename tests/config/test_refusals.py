@@ -64,6 +64,12 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_grpo", ["trainer.updates_per_batch=129"], r"updates_per_batch=129 .* 16 x 8 = 128 samples.*updates_per_batch <= 128"),
         ("tiny_ppo", ["run.prompts_per_step=2", "trainer.updates_per_batch=17"], "updates_per_batch <= 16"),
         ("tiny_grpo", ["trainer.pack_length=64"], r"pack_length=64 is shorter than the longest episode the trainer may get \(160 positions: env.max_episode_tokens"),
+        # shared-prompt rows (trainer/shared_prompts.py): hetrl's attention, whole rows on every rank, text only
+        ("tiny_grpo", ["trainer.pack_length=256"], r"shared_prompts=true does not run with trainer.pack_length: set trainer.shared_prompts=false"),
+        ("tiny_grpo", ["trainer.tensor_parallel=2", "trainer.sequence_parallel=true"], r"shared_prompts=true does not run with trainer.sequence_parallel"),
+        ("tiny_grpo", ["trainer.context_parallel=2"], r"shared_prompts=true does not run with trainer.context_parallel > 1"),
+        ("dense_grpo", ["trainer.shared_prompts=true", "nodes=64", "run.prompts_per_step=64", "algorithm.group_size=16"],
+         r"keeps a group's samples on one data-parallel rank: each minibatch's 64 groups cannot feed 120 ranks"),
         # environments and task sources (hetrl.env.registry)
         ("tiny_grpo", ["env.name=maths"], r"unknown environment 'maths' \(did you mean 'math'\?\); valid names: code, math"),
         ("tiny_grpo", ["env.tasks.source=reasoninggym"], r"unknown task source 'reasoninggym' \(did you mean 'reasoning_gym'\?\)"),

@@ -54,6 +54,7 @@ class HetrlConfig(Section):
         _check_adaptive_staleness(self)
         _check_reward_server(self)
         _check_vision(self)
+        _check_shared_prompts(self)
         return self
 
 
@@ -183,3 +184,22 @@ def _check_vision(cfg: HetrlConfig) -> None:
     if cfg.eval.image_ablation and cfg.env.name != "multimodal":
         raise ValueError(f"eval.image_ablation=true moves each task's scene to another task, which only env.name=multimodal "
                          f"draws from its task (got env.name={cfg.env.name})")
+
+
+def _check_shared_prompts(cfg: HetrlConfig) -> None:
+    """trainer.shared_prompts lays a prompt's completions out as branches of one row (hetrl.trainer.shared_prompts):
+    every rank must hold whole rows, the attention is hetrl's own (a tree mask), and a branch is text only."""
+    t = cfg.trainer
+    if not t.shared_prompts:
+        return
+    refused = {
+        "trainer.context_parallel > 1": t.context_parallel > 1,
+        "trainer.sequence_parallel": t.sequence_parallel,
+        "trainer.pack_length": t.pack_length is not None,
+        "trainer.transformer_impl=transformer_engine": t.transformer_impl == "transformer_engine",
+        "a vision-language policy": cfg.model.is_vlm,
+        "MoE routing replay (rollout.routing_replay / return_routing)": cfg.rollout.captures_routing,
+    }
+    found = [name for name, on in refused.items() if on]
+    if found:
+        raise ValueError(f"trainer.shared_prompts=true does not run with {', '.join(found)}: set trainer.shared_prompts=false")

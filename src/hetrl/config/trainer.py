@@ -21,7 +21,7 @@ class TrainerConfig(Section):
     transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
         "auto", description="Layer implementation: transformer_engine on GPU when installed, local otherwise (auto)."
     )
-    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass on one DP rank.")
+    micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward pass on one DP rank: samples, packed bins (pack_length) or groups (shared_prompts).")
     lr: float = Field(1e-6, gt=0.0, description="Peak learning rate.")
     min_lr: float = Field(0.0, ge=0.0, description="Learning rate at the end of the decay.")
     lr_warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup.")
@@ -40,6 +40,15 @@ class TrainerConfig(Section):
     )
     pack_length: int | None = Field(
         None, ge=16, description="Pack samples into bins of at most this many tokens; a micro-batch of micro_batch_size bins runs as one THD row (attention stays within each sample). null = one sample per row, right-padded."
+    )
+    shared_prompts: bool = Field(
+        False,
+        description="Train each prompt once for all its completions: one row per GRPO group holds its prompt and then "
+        "every completion of it, each attending to the prompt and to itself (a tree mask; positions continue from the "
+        "prompt in every branch), so a GRPO group of G samples costs one prompt instead of G. The same log-probs and "
+        "gradients as one row per sample, up to rounding. micro_batch_size then counts groups. Runs on the local layer "
+        "spec (transformer_impl auto picks it); not with context or sequence parallelism, pack_length, a vision-language "
+        "policy or MoE routing replay.",
     )
     recompute_activations: bool = Field(False, description="Activation recomputation to save memory.")
 

@@ -313,6 +313,9 @@ def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
     if minibatch < dp:
         raise PlanError(f"each minibatch of {minibatch} samples (run.prompts_per_step x algorithm.group_size / trainer.updates_per_batch) "
                         f"cannot feed the trainer's {dp} data-parallel ranks: raise run.prompts_per_step or lower trainer.updates_per_batch")
+    if t.shared_prompts and cfg.run.prompts_per_step // t.updates_per_batch < dp:
+        raise PlanError(f"trainer.shared_prompts keeps a group's samples on one data-parallel rank: each minibatch's "
+                        f"{cfg.run.prompts_per_step // t.updates_per_batch} groups cannot feed {dp} ranks; raise run.prompts_per_step")
     if cfg.warm_start.steps and cfg.warm_start.batch_size < dp:
         raise PlanError(f"warm_start.batch_size={cfg.warm_start.batch_size} cannot feed the trainer's {dp} data-parallel ranks: "
                         f"use warm_start.batch_size >= {dp}")

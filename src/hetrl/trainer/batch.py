@@ -5,7 +5,9 @@ Two spaces, kept apart on purpose:
 * **model space** — what the network eats: rows of token ids ``[R, T]``, one sample per row, right
   padded; or, packed, every sample of the micro-batch one after the other in a single row ``[1, t]``
   (megatron's THD layout: ``cu_seqlens`` mark where each sample starts, attention stays inside a
-  sample, position ids restart per sample), plus the next-token ``labels``;
+  sample, position ids restart per sample); or, with shared prompts, one prompt per row followed by
+  each of its completions as a branch (``branches``, :mod:`hetrl.trainer.shared_prompts`); plus the
+  next-token ``labels``;
 * **sample space** — what the loss eats: one row per sample and one column per *completion*
   token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
   ``hetrl.trainer.algorithms.compute_advantages``'s output (see :func:`completion_tensors`).
@@ -37,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 from hetrl.trainer.vision import ImageSpec, model_length, model_tokens, pixel_values
 from hetrl.types import Sample
 
@@ -74,6 +77,9 @@ class MicroBatch:
     # tokens_per_image each); None without images.
     pixel_values: Tensor | None = None
     image_mask: Tensor | None = None
+    # Shared prompts (hetrl.trainer.shared_prompts): [R, T] long, 0 on a row's prompt, k on its k-th
+    # completion's branch, PAD_BRANCH on padding; the attention follows it. None: causal rows.
+    branches: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -284,6 +290,48 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     )
 
 
+def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]]) -> MicroBatch:
+    """Lay out ``rows`` (local positions into ``indices``, each the samples of one prompt) as shared-prompt rows."""
+    trees = [[samples[indices[k]] for k in row] for row in rows]
+    seqs = [s for tree in trees for s in tree]
+    if any(s.routed_experts is not None for s in seqs):
+        raise ValueError("trainer.shared_prompts does not lay out engine routing (MoE routing replay)")
+    length = max(tree_length(tree) for tree in trees)
+    width = max(max(len(s.completion_ids) for s in seqs), 1)
+    n = len(seqs)
+    tokens = torch.full((len(rows), length), PAD_TOKEN_ID, dtype=torch.long)
+    positions = torch.zeros_like(tokens)
+    branches = torch.full_like(tokens, PAD_BRANCH)
+    gather = torch.zeros(n, width, dtype=torch.long)
+    loss_mask, rollout = torch.zeros(n, width), torch.zeros(n, width)
+    order: list[int] = []
+    for r, (row, tree) in enumerate(zip(rows, trees)):
+        prompt = tree[0].prompt_ids
+        if not prompt:
+            raise ValueError(f"sample {tree[0].sample_id} has an empty prompt: its first token has nothing to condition on")
+        shared = len(prompt) - 1
+        tokens[r, :shared] = torch.tensor(prompt[:-1], dtype=torch.long)
+        positions[r, :shared] = torch.arange(shared)
+        branches[r, :shared] = 0
+        offset = shared
+        for branch, (k, s) in enumerate(zip(row, tree), start=1):
+            ids, c = [prompt[-1], *s.completion_ids], len(s.completion_ids)
+            tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            positions[r, offset:offset + len(ids)] = shared + torch.arange(len(ids))
+            branches[r, offset:offset + len(ids)] = branch
+            i = len(order)
+            gather[i, :c] = r * length + offset + torch.arange(c)  # the branch's position j predicts its token j
+            loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
+            order.append(indices[k])
+            offset += len(ids)
+    return MicroBatch(
+        tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=None, cu_seqlens_padded=None,
+        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
+        sample_indices=order, num_tokens=sum(tree_length(tree) for tree in trees), branches=branches,
+    )
+
+
 def _routing_layout(seqs: Sequence[Sample], rows: int, length: int) -> Tensor | None:
     """An all ``-1`` ``[rows, length, layers, top_k]`` routing tensor when any sample carries routing, else None.
 
@@ -315,6 +363,7 @@ def build_train_batch(
     global_indices: Sequence[int] | None = None,
     num_global_samples: int | None = None,
     images: ImageSpec | None = None,
+    shared_prompts: bool = False,
 ) -> TrainBatch:
     """Micro-batches of ``samples`` (this rank's share), balanced by tokens.
 
@@ -325,21 +374,31 @@ def build_train_batch(
     batch of ``num_global_samples`` (default: they are all of it). ``images`` (a vision-language
     policy's :func:`hetrl.trainer.vision.image_spec`) expands image placeholders in model space and
     gives micro-batches their pixel values; sample space stays one column per completion token.
+    ``shared_prompts`` lays each group's samples (one prompt) out as one row
+    (:mod:`hetrl.trainer.shared_prompts`); ``micro_batch_size`` then counts those rows.
     """
     if not samples:
         raise ValueError("build_train_batch needs at least one sample")
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if shared_prompts and (pack_length or images is not None):
+        raise ValueError("shared prompts are laid out without packing and without images")
     width = max(max(len(s.completion_ids) for s in samples), 1)
-    lengths = [model_length(s, images) for s in samples]
-    rows = _pack_rows(lengths, pack_length) if pack_length else [[i] for i in range(len(samples))]
-    row_sizes = [sum(lengths[i] for i in row) for row in rows]
+    if shared_prompts:
+        rows = prompt_groups(samples)
+        row_sizes = [tree_length([samples[i] for i in row]) for row in rows]
+    else:
+        lengths = [model_length(s, images) for s in samples]
+        rows = _pack_rows(lengths, pack_length) if pack_length else [[i] for i in range(len(samples))]
+        row_sizes = [sum(lengths[i] for i in row) for row in rows]
     num_micro = -(-len(rows) // micro_batch_size)
     micro = []
     for row_ids in balanced_bins(row_sizes, num_micro, capacity=micro_batch_size):
         indices = [i for r in row_ids for i in rows[r]]
         local = {i: k for k, i in enumerate(indices)}
-        micro.append(_build_micro_batch(samples, indices, [[local[i] for i in rows[r]] for r in row_ids], bool(pack_length), images))
+        local_rows = [[local[i] for i in rows[r]] for r in row_ids]
+        micro.append(_build_tree_micro_batch(samples, indices, local_rows) if shared_prompts
+                     else _build_micro_batch(samples, indices, local_rows, bool(pack_length), images))
     indices = list(range(len(samples))) if global_indices is None else list(global_indices)
     if len(indices) != len(samples):
         raise ValueError(f"global_indices has {len(indices)} entries for {len(samples)} samples")
@@ -347,12 +406,19 @@ def build_train_batch(
                       num_global_samples=len(samples) if num_global_samples is None else num_global_samples)
 
 
-def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None) -> list[int]:
-    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced (model) tokens."""
-    if len(samples) < dp_size:
-        raise ValueError(f"{len(samples)} samples cannot feed {dp_size} data-parallel ranks")
-    sizes = [model_length(s, images) for s in samples]
-    return balanced_bins(sizes, dp_size, capacity=-(-len(samples) // dp_size))[dp_rank]
+def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None,
+                            shared_prompts: bool = False) -> list[int]:
+    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced (model) tokens.
+
+    With ``shared_prompts`` the samples of a group's row stay on one rank (equal counts of rows, +-1).
+    """
+    units = prompt_groups(samples) if shared_prompts else [[i] for i in range(len(samples))]
+    if len(units) < dp_size:
+        what = "groups" if shared_prompts else "samples"
+        raise ValueError(f"{len(units)} {what} cannot feed {dp_size} data-parallel ranks")
+    sizes = [sum(model_length(samples[i], images) for i in unit) for unit in units]
+    chosen = balanced_bins(sizes, dp_size, capacity=-(-len(units) // dp_size))[dp_rank]
+    return sorted(i for u in chosen for i in units[u])
 
 
 def _filler(template: MicroBatch) -> MicroBatch:
@@ -390,7 +456,9 @@ def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
     if routed is not None:
         routed = torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, length - t, 0, rows - r), value=-1)
     image_mask = None if mb.image_mask is None else torch.nn.functional.pad(mb.image_mask, grow, value=False)
-    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, position_ids=torch.nn.functional.pad(mb.position_ids, grow),
+    branches = None if mb.branches is None else torch.nn.functional.pad(mb.branches, grow, value=PAD_BRANCH)
+    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, branches=branches,
+                   position_ids=torch.nn.functional.pad(mb.position_ids, grow),
                    labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
                    gather_index=gather)
 

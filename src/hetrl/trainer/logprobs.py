@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hetrl.trainer import context_parallel
+from hetrl.trainer import context_parallel, shared_prompts
 from hetrl.trainer.batch import MicroBatch, TrainBatch
 from hetrl.trainer.parallel import ParallelGroups
 from hetrl.trainer.routing_replay import RoutingReplay
@@ -134,7 +134,8 @@ def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups
     images = {}
     if mb.pixel_values is not None:  # a vision-language policy (hetrl.trainer.vision.attach_vision) merges them
         images = dict(images=mb.pixel_values.to(groups.device), image_mask=mb.image_mask)
-    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), None,
+    mask = None if mb.branches is None else shared_prompts.attention_mask(mb.branches.to(groups.device))
+    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), mask,
                  packed_seq_params=packed_seq_params(mb, groups.device), **images)
 
 

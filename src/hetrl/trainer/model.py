@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from hetrl.trainer import megatron_compat, vision
+from hetrl.trainer import megatron_compat, shared_prompts, vision
 from hetrl.trainer.context_parallel import AllGatherAttention
 from hetrl.trainer.norms import HeadNorm, TorchNorm
 
@@ -59,8 +59,11 @@ def padded_vocab_size(model_cfg: ModelConfig, tensor_parallel: int) -> int:
 
 
 def use_transformer_engine(trainer_cfg: TrainerConfig) -> bool:
-    """Whether to build the transformer-engine spec (GPU + TE installed, unless forced local)."""
-    if trainer_cfg.transformer_impl == "local":
+    """Whether to build the transformer-engine spec (GPU + TE installed, unless forced local).
+
+    Shared prompts need hetrl's own attention (a tree mask) and unfused RoPE: the local spec.
+    """
+    if trainer_cfg.transformer_impl == "local" or trainer_cfg.shared_prompts:
         return False
     try:
         import transformer_engine  # noqa: F401
@@ -192,6 +195,8 @@ def build_gpt_model(
         rotary_base=int(model_cfg.rope_theta),
         pg_collection=pg_collection,
     )
+    if trainer_cfg.shared_prompts:
+        shared_prompts.rotary_follows_positions(model)
     if value_head and model.post_process:
         model.output_layer = ValueHead(config.hidden_size, trainer_cfg.sequence_parallel, model.pg_collection.tp, config.params_dtype)
     if model_cfg.is_vlm:

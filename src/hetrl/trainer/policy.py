@@ -126,10 +126,11 @@ class PolicyTrainer:
         """
         g = self.groups
         images = self.images
-        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images)
+        shared = self.trainer_cfg.shared_prompts
+        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images, shared_prompts=shared)
         batch = build_train_batch([samples[i] for i in indices], micro_batch_size=self.trainer_cfg.micro_batch_size,
                                   pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples),
-                                  images=images)
+                                  images=images, shared_prompts=shared)
         count = torch.tensor([len(batch.micro_batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batch.padded_to(int(count))

@@ -1,0 +1,111 @@
+"""Shared-prompt rows (trainer.shared_prompts): the layout, and training that equals one row per sample (DP, TP, PP)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hetrl.config.algorithm import AlgorithmConfig
+from hetrl.config.model import ModelConfig
+from hetrl.config.trainer import TrainerConfig
+from hetrl.trainer.batch import build_train_batch, shard_for_data_parallel
+from hetrl.trainer.shared_prompts import PAD_BRANCH, attention_mask, prompt_groups, tree_length
+from samples import make_samples
+
+DENSE = ModelConfig(arch="llama", num_layers=2)
+ALGO = AlgorithmConfig(name="grpo", group_size=4, kl_coef=0.1, entropy_coef=0.01)
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3, 0.7, -0.2, 0.1, -0.6])
+
+
+def grouped_samples(vocab: int = 128) -> list:
+    """Three GRPO groups of 4: each group's samples share its first sample's prompt (one has a 1-token prompt)."""
+    samples = make_samples(12, vocab=vocab, seed=3)
+    samples[8] = dataclasses.replace(samples[8], prompt_ids=samples[8].prompt_ids[:1])
+    return [dataclasses.replace(s, prompt_ids=samples[4 * (i // 4)].prompt_ids, group_id=f"g{i // 4}") for i, s in enumerate(samples)]
+
+
+def test_each_completion_token_is_read_where_its_branch_predicts_it():
+    samples = grouped_samples()
+    batch = build_train_batch(samples, micro_batch_size=2, shared_prompts=True)
+    assert len(batch.micro_batches) == 2 and sum(mb.tokens.shape[0] for mb in batch.micro_batches) == 3  # a row per prompt
+    assert batch.num_tokens == sum(tree_length(samples[i:i + 4]) for i in (0, 4, 8)) < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    for mb in batch.micro_batches:
+        labels, positions = mb.labels.flatten(), mb.position_ids.flatten()
+        for i, k in enumerate(mb.sample_indices):
+            s, c = samples[k], len(samples[k].completion_ids)
+            at = mb.gather_index[i, :c]
+            assert labels[at].tolist() == s.completion_ids  # each completion token is its predicting position's label
+            assert positions[at].tolist() == list(range(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + c))  # as in a row of its own
+            assert mb.loss_mask[i, :c].tolist() == [float(m) for m in s.loss_mask]
+        assert set(mb.branches.unique().tolist()) <= {PAD_BRANCH, 0, 1, 2, 3, 4}
+
+
+def test_a_row_is_one_group_even_when_two_groups_share_a_prompt():
+    """A task drawn twice in a step: two rows of 4 branches, not one of 8 that every other row is padded to."""
+    samples = grouped_samples()
+    twice = samples[:4] + [dataclasses.replace(s, prompt_ids=samples[0].prompt_ids) for s in samples[4:8]]
+    assert prompt_groups(twice) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_the_tree_mask_shows_a_branch_the_prompt_and_itself():
+    branches = torch.tensor([[0, 0, 1, 1, 2, 2, PAD_BRANCH]])
+    allowed = ~attention_mask(branches)[0, 0]
+    assert allowed[3].tolist() == [True, True, True, True, False, False, False]  # branch 1: the prompt, then itself
+    assert allowed[5].tolist() == [True, True, False, False, True, True, False]  # branch 2 skips branch 1
+    assert allowed[6].tolist() == [True, True, False, False, False, False, True]  # padding: the prompt and itself, never empty
+
+
+def test_data_parallel_shards_keep_a_prompts_samples_together():
+    samples = grouped_samples()
+    shards = [shard_for_data_parallel(samples, rank, 2, shared_prompts=True) for rank in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(12))
+    groups = prompt_groups(samples)
+    assert all(any(set(g) <= set(shard) for shard in shards) for g in groups)
+    with pytest.raises(ValueError, match="3 groups cannot feed 4 data-parallel ranks"):
+        shard_for_data_parallel(samples, 0, 4, shared_prompts=True)
+
+
+def _train(tcfg: TrainerConfig) -> dict:
+    from hetrl.trainer.parallel import destroy_parallel
+    from hetrl.trainer.policy import PolicyTrainer
+
+    trainer = PolicyTrainer(DENSE, tcfg, ALGO, seed=11, max_len=16)
+    try:
+        batch = trainer.make_batch(grouped_samples(DENSE.vocab_size)).with_advantages(ADVANTAGES)
+        first = trainer.compute_logprobs(batch)
+        history = [trainer.train_step(batch) for _ in range(2)]
+        params = {name: p.detach().clone() for name, p in trainer.module.named_parameters()}
+        return {"history": history, "first_logprobs": first, "final_logprobs": trainer.compute_logprobs(batch), "params": params,
+                "tokens": batch.num_tokens}
+    finally:
+        destroy_parallel()
+
+
+def _shared_vs_one_row_per_sample(rank: int, world_size: int) -> dict:
+    base = TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, grad_clip=1.0)
+    shared = base.model_copy(update={"shared_prompts": True, "micro_batch_size": 1})
+    return {
+        "rows": _train(base),
+        "dp2": _train(shared),
+        "tp2": _train(shared.model_copy(update={"tensor_parallel": 2})),
+        "pp2": _train(shared.model_copy(update={"pipeline_parallel": 2})),
+    }
+
+
+def test_shared_prompts_train_as_one_row_per_sample(two_ranks) -> None:
+    """Reference KL and entropy bonus included; log-probs before and after two steps, losses, grad norms."""
+    results = two_ranks.run(_shared_vs_one_row_per_sample)
+    for rank_result in results:
+        base = rank_result["rows"]
+        for layout in ("dp2", "tp2", "pp2"):
+            run = rank_result[layout]
+            torch.testing.assert_close(run["first_logprobs"], base["first_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")
+            torch.testing.assert_close(run["final_logprobs"], base["final_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")
+            for step, (got, want) in enumerate(zip(run["history"], base["history"])):
+                for key in ("loss/total", "loss/policy", "loss/kl", "entropy", "grad_norm"):
+                    assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), f"{layout} step {step} {key}: {got[key]} vs {want[key]}"
+    tokens = {layout: sum(r[layout]["tokens"] for r in results) for layout in ("rows", "dp2")}
+    assert tokens["dp2"] < tokens["rows"], tokens  # a prompt is computed once per group
+    assert results[0]["rows"]["first_logprobs"].abs().sum() > 0
