@@ -15,7 +15,7 @@ drift apart:
 Not mirrored: hetrl's truncated IS correction of the engine/trainer mismatch (TRL samples with the
 trained model itself, HF ``generate``, so there is no mismatch to correct), and hetrl's shared-prompt
 rows (``trainer.shared_prompts``: each group's prompt computed once; TRL computes it per sample, in
-micro-batches of as many samples as hetrl's rows hold).
+micro-batches of ``trainer.micro_batch_size`` samples).
 
 Writes the final policy with its tokenizer to OUT/model (for ``launch.py eval``) and OUT/timings.json:
 the wall time of every step (optimizer step end to step end, as hetrl's ``time/step``) and of its
@@ -57,8 +57,9 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     if any(unmapped.values()):
         raise SystemExit(f"trl_grpo_step: no TRL mapping for {[key for key, bad in unmapped.items() if bad]}")
     samples = cfg.run.prompts_per_step * algo.group_size
-    # hetrl's micro-batch in samples: with trainer.shared_prompts a row is a whole group (its prompt once).
-    micro = min(samples, trainer.micro_batch_size * (algo.group_size if trainer.shared_prompts else 1))
+    # TRL's micro-batch: trainer.micro_batch_size samples (with trainer.shared_prompts hetrl's rows are whole groups).
+    # Measured on tiny_grpo: TRL's step is the same with micro-batches of 32 or of all 128 samples (0.91 vs 0.92 s).
+    micro = min(samples, trainer.micro_batch_size)
     return GRPOConfig(
         output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=trainer.recompute_activations,
         max_steps=cfg.run.steps, seed=cfg.run.seed, shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step
