@@ -60,6 +60,8 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     # TRL's micro-batch: trainer.micro_batch_size samples (with trainer.shared_prompts hetrl's rows are whole groups).
     # Measured on tiny_grpo: TRL's step is the same with micro-batches of 32 or of all 128 samples (0.91 vs 0.92 s).
     micro = min(samples, trainer.micro_batch_size)
+    if samples % micro:
+        raise SystemExit(f"trl_grpo_step: {samples} samples a step do not split into TRL micro-batches of {micro}")
     return GRPOConfig(
         output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=trainer.recompute_activations,
         max_steps=cfg.run.steps, seed=cfg.run.seed, shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step

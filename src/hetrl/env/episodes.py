@@ -47,7 +47,7 @@ def group_items(group_id: str, task: Any, seed: int, group_size: int) -> list[Ep
 
 
 class EpisodeRunner:
-    """Runs episodes concurrently, at most ``concurrency`` at once (None: all it is given)."""
+    """Runs episodes concurrently, at most ``concurrency`` at once (None: all it is given), on one event loop."""
 
     def __init__(self, make_env: Callable[[], Environment], codec: ChatCodec, generate: GenerateFn, *,
                  max_turns: int, max_episode_tokens: int, concurrency: int | None = None) -> None:
@@ -56,7 +56,7 @@ class EpisodeRunner:
         self.make_env, self.codec, self.generate = make_env, codec, generate
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.concurrency = concurrency
-        self._slots: asyncio.Semaphore | None = None  # made on first use: a semaphore belongs to the loop it is used on
+        self._slots: asyncio.Semaphore | None = None  # made on first use, on the one event loop a runner serves
         self._held: dict[asyncio.Task, EpisodeItem] = {}
         self._finished: list[Sample] = []
         self._failed: list[str] = []

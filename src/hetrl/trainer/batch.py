@@ -21,8 +21,11 @@ sample starting at offset ``o`` of row ``r`` with a prompt of ``P`` tokens is re
 ``r * T + o + P + j - 1`` of the model's per-position log-probs (position ``t`` predicts token
 ``t + 1``). For a vision-language policy, model space holds every image placeholder
 ``tokens_per_image`` times (``hetrl.trainer.vision``), so ``P + j`` becomes the model position of
-completion token ``j``; sample space keeps one column per completion token all the same. So packing never leaks into the loss: sequence-level losses (GSPO, seq-mean) see whole
-sequences whatever the packing.
+completion token ``j``; sample space keeps one column per completion token all the same. In a
+shared-prompt row, completion token ``j`` of the branch starting at offset ``o`` is read at ``o + j``
+(the branch starts with its own copy of the prompt's last token). So neither packing nor shared
+prompts leak into the loss: sequence-level losses (GSPO, seq-mean) see whole sequences whatever the
+layout.
 
 Micro-batches are balanced by tokens (longest-processing-time-first assignment), and every rank
 can be made to run the same number of them (:meth:`TrainBatch.padded_to`), which expert-parallel
