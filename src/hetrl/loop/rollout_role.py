@@ -174,9 +174,9 @@ class RolloutWorker:
             env_moved = self.env_client.pump() if self.env_client else False
             if got_work or env_moved:
                 await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
-            busy = self._step_engine()
-            self._report_liveness(moved=busy or got_work or env_moved)
-            if busy or got_work or env_moved:
+            moved = self._step_engine() or got_work or env_moved
+            self._report_liveness(moved)
+            if moved:
                 pauses = naps()
                 await asyncio.sleep(0)  # the episodes' turns
             else:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from hetrl.types import Sample
 
-PAD_BRANCH = -1  # the branch id of padding: pad positions attend among themselves only
+PAD_BRANCH = -1  # the branch id of padding: a pad position sees the prompt and the padding before it, never a branch
 
 
 def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
