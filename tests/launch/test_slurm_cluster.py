@@ -112,8 +112,10 @@ def test_bad_partition_is_a_clear_error(run_dir: Path, monkeypatch: pytest.Monke
 
 
 def test_over_large_request_is_a_clear_error(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 9 nodes feed 18 data-parallel ranks, more than tiny_grpo's 16 groups a step could if shared prompts kept
+    # each group on one rank: that refusal is the plan's (tests/control), this one is Slurm's.
     with pytest.raises(slurm.SlurmSubmitError, match=r"(?s)Slurm rejected the job: .*(Node count|processors).*lower nodes="):
-        _submit(run_dir, "probe", monkeypatch, ("nodes=9",))
+        _submit(run_dir, "probe", monkeypatch, ("nodes=9", "trainer.shared_prompts=false"))
 
 
 @pytest.mark.parametrize("nodes", [128, 1024])
