@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-# Five "steps", each allocating blocks of 48, 12, 36, 4 and 24 MB (activations of mixed sizes, the
+# Eight "steps", each allocating blocks of 48, 12, 36, 4 and 24 MB (activations of mixed sizes, the
 # largest over glibc's mmap threshold) and freeing them together; prints each step's minor page faults.
 _PROBE = """
 import json, resource, sys
@@ -17,7 +17,7 @@ if sys.argv[1] == "keep":
     from hetrl.launch.worker import _keep_freed_memory
     _keep_freed_memory()
 faults = []
-for _ in range(5):
+for _ in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     blocks = [torch.ones(n << 20) for n in (12, 3, 9, 1, 6)]
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -33,6 +33,6 @@ def _faults_by_step(mode: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_steps_freed_blocks_are_reused_without_page_faults() -> None:
-    pages = (124 << 20) // 4096
-    assert _faults_by_step("default")[-1] > pages // 10  # glibc unmapped the large blocks: they fault in again
-    assert _faults_by_step("keep")[-1] < pages // 20  # the heap settles within a few steps, then is reused
+    default, kept = _faults_by_step("default"), _faults_by_step("keep")
+    assert min(default[-3:]) > (124 << 20) // 4096 // 10  # glibc unmapped the large blocks: they fault in again
+    assert sum(kept[-3:]) < sum(default[-3:]) // 10  # the heap settles within a few steps, then is reused
