@@ -27,7 +27,7 @@ print(json.dumps(faults))
 
 
 def _faults_by_step(mode: str) -> list[int]:
-    done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True, timeout=120)
     return json.loads(done.stdout)
 
 

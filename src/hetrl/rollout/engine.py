@@ -261,12 +261,11 @@ class GenerationEngine:
         if self.on_gpu:
             args.update(dtype=cfg.dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
         else:
-            # bf16 runs ~5x slower than fp32 on CPUs without AMX; "auto" means fp32 there.
-            args.update(dtype="float32" if cfg.dtype == "auto" else cfg.dtype, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20)
-            # vLLM's CPU default is 128-token KV blocks, and only whole blocks are shared by prefix caching:
-            # a GRPO group's 8 copies of a 40-token prompt then each prefill it again. 32 is the smallest
-            # block CPU attention takes; measured at 44M (16 prompts x 8, 24 tokens): 4.8 -> 2.7 s a batch.
-            args.update(block_size=_CPU_KV_BLOCK_TOKENS)
+            # bf16 runs ~5x slower than fp32 on CPUs without AMX; "auto" means fp32 there. vLLM's CPU default
+            # is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO group's 8 copies of a
+            # 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8, 24 tokens): 4.8 -> 2.7 s.
+            args.update(dtype="float32" if cfg.dtype == "auto" else cfg.dtype, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
+                        block_size=_CPU_KV_BLOCK_TOKENS)
         return self._vllm.EngineArgs(**args)
 
     # ----------------------------------------------------------------- requests in, samples out
