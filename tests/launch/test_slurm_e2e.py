@@ -68,6 +68,28 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
+def wait_for_log_line(run_dir: Path, log: str, line: str, what: str) -> None:
+    """Wait until ``logs/<log>.log`` of the job holds ``line``; fail at once, with the job's state and
+    logs, when the job ends first, and with the queue and the nodes too when it times out (the job is
+    cancelled either way, so that it holds no node the next test needs)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    next_status = 0.0
+    while line not in _text(run_dir / "logs" / f"{log}.log"):
+        if time.monotonic() < next_status:
+            time.sleep(0.5)
+            continue
+        next_status = time.monotonic() + 5  # squeue and sacct are processes: not every half second
+        state = slurm.status(run_dir)
+        ended = state.done and line not in _text(run_dir / "logs" / f"{log}.log")  # it may have come meanwhile
+        if ended or time.monotonic() > deadline:
+            queue = subprocess.run(["squeue", "-o", "%i %P %j %T %M %R"], capture_output=True, text=True).stdout
+            nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True).stdout
+            launch("cancel", str(run_dir))
+            why = "the job ended" if ended else f"timed out after {JOB_TIMEOUT_S}s"
+            pytest.fail(f"{why} waiting for {what} ({line!r} in logs/{log}.log)\n{state}\nsqueue:\n{queue}\nsinfo:\n{nodes}\n"
+                        f"{slurm.logs(run_dir)}")
+
+
 @pytest.fixture(scope="module")
 def runs_root() -> Iterator[Path]:
     """Run dirs outside pytest's tmp_path: other sessions' pytest runs prune old basetemps (keeping
@@ -134,8 +156,8 @@ def test_tiny_grpo_hetjob_learns(runs_root: Path) -> None:
 
 def test_cancel_mid_run_leaves_no_process(runs_root: Path) -> None:
     run_dir = submit(runs_root, "cancelled", "run.steps=50")
-    wait_for(lambda: "handshake done" in _text(run_dir / "logs" / "trainer_1.log"), JOB_TIMEOUT_S, "the ranks to join the control plane")
-    wait_for(lambda: "init engine" in _text(run_dir / "logs" / "rollout_1.log"), JOB_TIMEOUT_S, "the engines to start")
+    wait_for_log_line(run_dir, "trainer_1", "handshake done", "the ranks to join the control plane")
+    wait_for_log_line(run_dir, "rollout_1", "init engine", "the engines to start")
     assert slurm.status(run_dir).state == "RUNNING"
     ranks = processes_of(run_dir)
     assert sum("hetrl.launch.worker" in c for c in ranks.values()) >= 6, ranks
@@ -157,7 +179,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(runs_root: Path) -> None
     run_dir = submit(runs_root, "requeued", *SHORT[1:], "run.steps=6")
     job_id = slurm.job_id_of(run_dir)
     # Weights v4 = the 3 warm-start steps and one RL step: the loop is mid-RL.
-    wait_for(lambda: "serving weights v4" in _text(run_dir / "logs" / "rollout_0.log"), JOB_TIMEOUT_S, "the first RL step")
+    wait_for_log_line(run_dir, "rollout_0", "serving weights v4", "the first RL step")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     wait_for(lambda: slurm.status(run_dir).restarts >= 1, JOB_TIMEOUT_S, "the requeue")
     final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=2)
