@@ -30,6 +30,8 @@ def expected_num_params(cfg: ModelConfig, vocab: int) -> int:
 
 
 def _build_and_step(rank: int, world_size: int, arch: str, overrides: dict) -> dict:
+    from megatron.core.transformer.mlp import MLP
+
     from hetrl.trainer.model import build_gpt_model, padded_vocab_size
     from hetrl.trainer.parallel import destroy_parallel, init_parallel
 
@@ -50,6 +52,7 @@ def _build_and_step(rank: int, world_size: int, arch: str, overrides: dict) -> d
             "vocab": padded_vocab_size(mcfg, tcfg.tensor_parallel),
             "grads": has_grads,
             "finite": bool(torch.isfinite(logits).all()),
+            "activations": {type(m.activation_func).__name__ for m in model.modules() if isinstance(m, MLP)},
         }
     finally:
         destroy_parallel()
@@ -67,6 +70,8 @@ def test_each_arch_builds_runs_and_has_the_hf_layout(two_ranks, arch: str) -> No
     assert ("linear_qkv.bias" in names) == (arch == "qwen2")
     assert ("q_layernorm" in names) == (arch in ("qwen3", "qwen3_moe"))
     assert ("mlp.router.weight" in names) == (arch == "qwen3_moe")
+    # Dense MLPs on the local spec: hetrl's SwiGLU; an MoE layer's experts keep megatron's activation function.
+    assert first["activations"] == ({"function"} if arch == "qwen3_moe" else {"SwiGLU"})
     # Same seed on both data-parallel ranks: the same weights.
     assert results[0]["checksum"] == results[1]["checksum"]
 

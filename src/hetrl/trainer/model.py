@@ -44,6 +44,7 @@ from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer import megatron_compat, shared_prompts, vision
 from hetrl.trainer.context_parallel import AllGatherAttention
 from hetrl.trainer.norms import HeadNorm, TorchNorm
+from hetrl.trainer.swiglu import SwiGLU
 
 # HF initialiser_range of Llama/Qwen configs; random-init models should look like theirs.
 _INIT_STD = 0.02
@@ -128,6 +129,9 @@ def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig):  # -
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
+        # The local spec's dense MLPs take hetrl's SwiGLU module (see _local_block_spec), which megatron
+        # calls through this flag, transformer-engine or not.
+        use_te_activation_func=not model_cfg.is_moe and not use_transformer_engine(trainer_cfg),
         recompute_granularity="full" if trainer_cfg.recompute_activations else None,
         recompute_method="uniform" if trainer_cfg.recompute_activations else None,
         recompute_num_layers=1 if trainer_cfg.recompute_activations else None,
@@ -257,13 +261,15 @@ def _batch_first_logits(output_layer: torch.nn.Module) -> None:
 
 
 def _local_block_spec(block_spec, core_attention: type):  # noqa: ANN001, ANN202 - megatron spec types
-    """The local block spec with hetrl's core attention and norms (specs are shared: copy, never mutate).
+    """The local block spec with hetrl's core attention, norms and SwiGLU (specs are shared: copy, never mutate).
 
     megatron's local ``DotProductAttention`` refuses context parallelism and does not use torch's
     scaled-dot-product attention; :class:`hetrl.trainer.context_parallel.AllGatherAttention` does both.
     Its torch norm refuses sequence parallelism (which megatron's MoE layers need under TP); every
-    norm becomes a :class:`TorchNorm` (:class:`HeadNorm` for qk-norm), which allows it.
+    norm becomes a :class:`TorchNorm` (:class:`HeadNorm` for qk-norm), which allows it. A dense MLP's
+    activation is :class:`hetrl.trainer.swiglu.SwiGLU` (no copy of the gradient in backward).
     """
+    from megatron.core.transformer.mlp import MLP
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     def norm(spec, local: type):  # noqa: ANN001, ANN202
@@ -275,8 +281,11 @@ def _local_block_spec(block_spec, core_attention: type):  # noqa: ANN001, ANN202
         attention = replace(attention, submodules=replace(
             attention.submodules, core_attention=core_attention,
             q_layernorm=norm(attention.submodules.q_layernorm, HeadNorm), k_layernorm=norm(attention.submodules.k_layernorm, HeadNorm)))
+        mlp = layer.mlp
+        if mlp.module is MLP:  # dense (an MoE layer's experts keep megatron's activation)
+            mlp = replace(mlp, submodules=replace(mlp.submodules, activation_func=SwiGLU))
         return replace(layer_spec, submodules=replace(
-            layer, self_attention=attention, input_layernorm=norm(layer.input_layernorm, TorchNorm),
+            layer, self_attention=attention, mlp=mlp, input_layernorm=norm(layer.input_layernorm, TorchNorm),
             pre_mlp_layernorm=norm(layer.pre_mlp_layernorm, TorchNorm)))
 
     return replace(block_spec, layer_specs=[swap(spec) for spec in block_spec.layer_specs],
