@@ -82,8 +82,8 @@ def wait_for_log_line(run_dir: Path, log: str, line: str, what: str) -> None:
         state = slurm.status(run_dir)
         ended = state.done and line not in _text(run_dir / "logs" / f"{log}.log")  # it may have come meanwhile
         if ended or time.monotonic() > deadline:
-            queue = subprocess.run(["squeue", "-o", "%i %P %j %T %M %R"], capture_output=True, text=True).stdout
-            nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True).stdout
+            queue = subprocess.run(["squeue", "-o", "%i %P %j %T %M %R"], capture_output=True, text=True, timeout=30).stdout
+            nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True, timeout=30).stdout
             launch("cancel", str(run_dir))
             why = "the job ended" if ended else f"timed out after {JOB_TIMEOUT_S}s"
             pytest.fail(f"{why} waiting for {what} ({line!r} in logs/{log}.log)\n{state}\nsqueue:\n{queue}\nsinfo:\n{nodes}\n"

@@ -77,8 +77,9 @@ def use_transformer_engine(trainer_cfg: TrainerConfig) -> bool:
     return have_te
 
 
-def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig):  # -> TransformerConfig
-    """The megatron ``TransformerConfig`` of this model under this trainer layout."""
+def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig, *, local_spec: bool):  # -> TransformerConfig
+    """The megatron ``TransformerConfig`` of this model under this trainer layout, for the local layer
+    spec or transformer-engine's (``local_spec``: see :func:`use_transformer_engine`)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     on_gpu = torch.cuda.is_available()
@@ -131,7 +132,7 @@ def transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig):  # -
         apply_rope_fusion=False,
         # The local spec's dense MLPs take hetrl's SwiGLU module (see _local_block_spec), which megatron
         # calls through this flag, transformer-engine or not.
-        use_te_activation_func=not model_cfg.is_moe and not use_transformer_engine(trainer_cfg),
+        use_te_activation_func=local_spec and not model_cfg.is_moe,
         recompute_granularity="full" if trainer_cfg.recompute_activations else None,
         recompute_method="uniform" if trainer_cfg.recompute_activations else None,
         recompute_num_layers=1 if trainer_cfg.recompute_activations else None,
@@ -177,10 +178,10 @@ def build_gpt_model(
     if model_cfg.is_vlm:
         vision.check_layout(model_cfg, trainer_cfg)
 
-    config = transformer_config(model_cfg, trainer_cfg)
+    with_te = use_transformer_engine(trainer_cfg)
+    config = transformer_config(model_cfg, trainer_cfg, local_spec=not with_te)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    with_te = use_transformer_engine(trainer_cfg)
     block_spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=with_te, normalization="RMSNorm", pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
