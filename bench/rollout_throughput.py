@@ -71,7 +71,7 @@ def engine_tokens_per_s(path: Path, prompts: list[list[int]], n: int, lengths: l
     from hetrl.rollout.engine import GenerationEngine
 
     cfg = RolloutConfig(max_model_len=512, kv_cache_memory_mb=2048, max_num_seqs=len(prompts) * n, max_num_batched_tokens=8192)
-    engine = GenerationEngine(path, cfg, seed=0)
+    engine = GenerationEngine(path, cfg, dtype="float32", seed=0)
     engine.generate([GenerationRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:4])])
     requests = [GenerationRequest(f"r{i}.{j}", prompt, SamplingParams(temperature=1.0, max_tokens=lengths[i * n + j], ignore_eos=True))
                 for i, prompt in enumerate(prompts) for j in range(n)]

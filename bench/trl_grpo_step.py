@@ -10,7 +10,7 @@ drift apart:
   ``closeness``) scores each completion, decoded as hetrl decodes it, and hetrl's trainer-side DAPO
   overlong penalty (``hetrl.trainer.advantages.overlong_penalty``) is added on the completion length;
 - the hyperparameters map one to one (batch, group size, micro-batch, lr, warmup, clip, beta, AdamW,
-  grad clip, sampling); the learning rate follows Megatron's warmup as hetrl runs it (step k gets
+  grad clip, sampling, precision: trainer.precision=bf16 is TRL's bf16=True, autocast over fp32 weights); the learning rate follows Megatron's warmup as hetrl runs it (step k gets
   lr x min(1, (k + 1) / warmup)), not HF's constant_with_warmup (which gives step 0 lr 0).
 Not mirrored: hetrl's truncated IS correction of the engine/trainer mismatch (TRL samples with the
 trained model itself, HF ``generate``, so there is no mismatch to correct), and hetrl's shared-prompt
@@ -52,7 +52,7 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     unmapped = {"algorithm.advantage": algo.resolved_advantage != "grpo", "algorithm.loss_aggregation": algo.resolved_loss_aggregation != "token-mean",
                 "algorithm.dynamic_sampling": algo.resolved_dynamic_sampling, "algorithm.kl_in_reward": algo.kl_in_reward,
                 "algorithm.entropy_coef": algo.entropy_coef != 0, "algorithm.dual_clip": algo.dual_clip is not None,
-                "trainer.precision": trainer.precision != "fp32", "trainer.lr_decay_style": trainer.lr_decay_style != "constant",
+                "trainer.lr_decay_style": trainer.lr_decay_style != "constant",
                 "trainer.updates_per_batch": trainer.updates_per_batch != 1, "rollout.stop": bool(rollout.stop)}
     if any(unmapped.values()):
         raise SystemExit(f"trl_grpo_step: no TRL mapping for {[key for key, bad in unmapped.items() if bad]}")
@@ -63,7 +63,7 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     if samples % micro:
         raise SystemExit(f"trl_grpo_step: {samples} samples a step do not split into TRL micro-batches of {micro}")
     return GRPOConfig(
-        output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=trainer.recompute_activations,
+        output_dir=str(out / "trainer"), use_cpu=True, bf16=trainer.precision == "bf16", gradient_checkpointing=trainer.recompute_activations,
         max_steps=cfg.run.steps, seed=cfg.run.seed, shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step
         per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
         num_generations=algo.group_size, max_completion_length=rollout.max_tokens, temperature=rollout.temperature,

@@ -24,8 +24,10 @@ generate/train split and TRL's generation time beside them, and the held-out
 mean reward (`launch.py eval`, mean@8 over tiny_grpo's 64 held-out tasks) of the initial policy
 and of both final policies, with the paired difference (hetrl - TRL, seed by seed) and its standard
 error: "on par" within two (given from 4 seeds on). With --large, the same timing (no eval) on a ~44M-parameter model
-(random init, all else equal; --large-seeds runs), where generation weighs more. Headline (last line): TRL median
-step / hetrl median step (goal >= 1.0x).
+(random init, all else equal; --large-seeds runs), where generation weighs more, in bf16 on both sides where the CPU
+multiplies bf16 natively (--large-precision: hetrl's trainer.precision=bf16 with its engine in bf16, TRL's bf16=True,
+i.e. autocast; both keep fp32 master weights), else in fp32. Headline (last line): TRL median step / hetrl median step
+(goal >= 1.0x).
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also time the ~44M-parameter model (no eval)")
     parser.add_argument("--large-steps", type=int, default=8, help="RL steps per run on the ~44M model (timed: the second half)")
     parser.add_argument("--large-seeds", type=int, default=2, help="runs of each side on the ~44M model (timing only)")
+    parser.add_argument("--large-precision", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="both sides' precision on the ~44M model; auto: bf16 where the CPU multiplies bf16 natively")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="hetrl-bench-vs-trl-"))
     print(f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
@@ -226,9 +230,14 @@ def main() -> None:
     ratio = report_timing("tiny_grpo", small)
     report_eval(small, checkpoint, out)
     if args.large:
-        large = [time_both(python, None, [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING], out / "44m", seed)
-                 for seed in range(args.large_seeds)]
-        print(f"vs_trl_44m: {report_timing('44M', large):.2f}x (goal >= 2x)")
+        precision = args.large_precision
+        if precision == "auto":
+            from hetrl.trainer.parallel import cpu_has_native_bf16
+
+            precision = "bf16" if cpu_has_native_bf16() else "fp32"
+        large = [time_both(python, None, [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING, f"trainer.precision={precision}"],
+                           out / "44m", seed) for seed in range(args.large_seeds)]
+        print(f"vs_trl_44m: {report_timing(f'44M {precision}', large):.2f}x ({precision} on both sides; goal >= 2x)")
     print(f"vs_trl: {ratio:.2f}x (goal >= 1.0x)")
 
 

@@ -92,7 +92,7 @@ def apply_time(path: Path, staged) -> float:
     from hetrl.config.rollout import RolloutConfig
     from hetrl.rollout.engine import GenerationEngine
 
-    engine = GenerationEngine(path, RolloutConfig(max_model_len=512, kv_cache_memory_mb=128), seed=0)
+    engine = GenerationEngine(path, RolloutConfig(max_model_len=512, kv_cache_memory_mb=128), dtype="float32", seed=0)
     start = time.perf_counter()
     engine.load_weights(staged)
     elapsed = time.perf_counter() - start

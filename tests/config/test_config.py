@@ -94,8 +94,6 @@ def test_out_of_range_value():
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="multiple of model.num_query_groups"):
         load_config("tiny_grpo", ["model.num_query_groups=3"])
-    with pytest.raises(ConfigError, match="trainer.precision='bf16' on a CPU-only"):
-        load_config("tiny_grpo", ["trainer.precision=bf16"])
     with pytest.raises(ConfigError, match="expert_parallel=2 needs an MoE model"):
         load_config("tiny_grpo", ["trainer.expert_parallel=2"])
 
@@ -161,3 +159,10 @@ def test_a_run_dir_written_with_the_removed_stalled_role_guard_still_validates()
     with pytest.warns(DeprecationWarning, match="liveness watchdog"):
         cfg = MonitorConfig.model_validate({"guards": {"stalled_role": {"timeout_s": 900.0}}})
     assert "stalled_role" not in cfg.guards.model_dump()
+
+
+def test_engine_dtype_follows_the_trainer_unless_the_recipe_says():
+    assert load_config("tiny_grpo").engine_dtype == "float32"
+    assert load_config("tiny_grpo", ["trainer.precision=bf16"]).engine_dtype == "bfloat16"  # bf16 runs on CPU profiles too
+    assert load_config("dense_grpo").engine_dtype == "bfloat16"
+    assert load_config("tiny_grpo", ["trainer.precision=bf16", "rollout.dtype=float32"]).engine_dtype == "float32"

@@ -37,9 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tiny_computer_use", ["trainer.pack_length=1800"], r"pack_length=1800 is shorter than the longest episode .* \(1860 positions"),
         ("tiny_vlm_grpo", ["trainer.context_parallel=2"], "vision-language policy .* without context or sequence parallelism"),
         ("tiny_vlm_grpo", ["trainer.tensor_parallel=4"], r"tensor_parallel=4 does not divide model.vision.num_attention_heads=2"),
-        # what CPU-only profiles cannot do (trainer/parallel.py check_layout, transformer-engine, CUDA IPC); sequence
-        # parallelism they can, so MoE under TP needs it there as on GPUs (megatron's MoELayer)
-        ("tiny_grpo", ["trainer.precision=bf16"], "trainer.precision='bf16' on a CPU-only cluster profile"),
+        # what CPU-only profiles cannot do (transformer-engine, CUDA IPC); bf16 and sequence parallelism they can, so
+        # MoE under TP needs SP there as on GPUs (megatron's MoELayer)
         ("tiny_grpo", ["trainer.transformer_impl=transformer_engine"], "transformer_impl=transformer_engine on a CPU-only.*use auto or local"),
         ("tiny_grpo", ["model=tiny_qwen3_moe", "trainer.tensor_parallel=2"], "tensor_parallel=2 with an MoE model needs trainer.sequence_parallel=true"),
         ("tiny_grpo", ["rollout.weight_sync=ipc"], "weight_sync=ipc on a CPU-only.*use auto, collective or filesystem"),

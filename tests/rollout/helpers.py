@@ -92,4 +92,4 @@ def greedy_engine(model_path: Path, **overrides):
     from hetrl.rollout.engine import GenerationEngine
 
     cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=16, temperature=0.0, **overrides)
-    return GenerationEngine(model_path, cfg, seed=0)
+    return GenerationEngine(model_path, cfg, dtype="float32", seed=0)

@@ -17,7 +17,7 @@ def engine(checkpoints):
     from hetrl.rollout.engine import GenerationEngine
 
     cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=32)
-    eng = GenerationEngine(checkpoints["a"], cfg, seed=0)
+    eng = GenerationEngine(checkpoints["a"], cfg, dtype="float32", seed=0)
     yield eng
     eng.shutdown()
 
@@ -141,7 +141,7 @@ def test_logprobs_at_temperature_below_one_are_of_the_tempered_policy(checkpoint
 
     temperature = 0.7
     cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=8, temperature=temperature)
-    eng = GenerationEngine(checkpoints["b"], cfg, seed=0)
+    eng = GenerationEngine(checkpoints["b"], cfg, dtype="float32", seed=0)
     try:
         sampling = SamplingParams(n=2, temperature=temperature, max_tokens=16, seed=3)
         results = eng.generate([GenerationRequest(f"t{i}", p, sampling) for i, p in enumerate(_prompts(3))])

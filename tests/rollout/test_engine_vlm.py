@@ -72,7 +72,7 @@ def engine(llava):
     from hetrl.rollout.engine import GenerationEngine
 
     cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=16)
-    eng = GenerationEngine(llava["a"], cfg, seed=0)
+    eng = GenerationEngine(llava["a"], cfg, dtype="float32", seed=0)
     yield eng
     eng.shutdown()
 
@@ -364,7 +364,7 @@ def test_a_context_that_cannot_hold_an_image_is_refused_at_start(llava):
     from hetrl.rollout.engine import GenerationEngine
 
     with pytest.raises(ValueError, match=r"context \(16 tokens.*cannot hold one image \(16 positions\)"):
-        GenerationEngine(llava["a"], RolloutConfig(max_model_len=16, kv_cache_memory_mb=16, max_num_seqs=4), seed=0)
+        GenerationEngine(llava["a"], RolloutConfig(max_model_len=16, kv_cache_memory_mb=16, max_num_seqs=4), dtype="float32", seed=0)
 
 
 @pytest.mark.slow
@@ -373,7 +373,7 @@ def test_a_tp2_engine_serves_llava_and_takes_pushes(llava, served):
     from hetrl.rollout.engine import GenerationEngine
 
     cfg = RolloutConfig(max_model_len=256, kv_cache_memory_mb=64, max_num_seqs=8, engine_tensor_parallel=2)
-    eng = GenerationEngine(llava["a"], cfg, seed=0)
+    eng = GenerationEngine(llava["a"], cfg, dtype="float32", seed=0)
     try:
         sampling = SamplingParams(n=2, max_tokens=8, seed=4, ignore_eos=True)
         images_of = {"img": [image(40)]}

@@ -32,7 +32,7 @@ def moe_checkpoint(tmp_path_factory):
 def engine(moe_checkpoint):
     from hetrl.rollout.engine import GenerationEngine
 
-    eng = GenerationEngine(moe_checkpoint, RolloutConfig(return_routing=True, kv_cache_memory_mb=64, max_num_batched_tokens=4096))
+    eng = GenerationEngine(moe_checkpoint, RolloutConfig(return_routing=True, kv_cache_memory_mb=64, max_num_batched_tokens=4096), dtype="float32")
     yield eng
     eng.shutdown()
 
@@ -118,4 +118,4 @@ def test_a_dense_model_is_refused(checkpoints):
     from hetrl.rollout.engine import GenerationEngine
 
     with pytest.raises(RuntimeError, match="no MoE layer"):
-        GenerationEngine(checkpoints["a"], RolloutConfig(return_routing=True, kv_cache_memory_mb=64))
+        GenerationEngine(checkpoints["a"], RolloutConfig(return_routing=True, kv_cache_memory_mb=64), dtype="float32")

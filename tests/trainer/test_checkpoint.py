@@ -252,3 +252,48 @@ def test_cleanup_never_removes_what_latest_names(tmp_path: Path) -> None:
     checkpoint._write_pointer(tmp_path, "step_00000005")
     checkpoint.remove_stale(tmp_path, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000005", "step_00000007"]
+
+
+# --- bf16 (megatron's mixed precision) on CPU ----------------------------------------------------
+
+
+def _bf16_job(rank: int, world_size: int, root: Path) -> dict:
+    """bf16 trains (fp32 master weights in the optimizer), saves at step 2, trains a third step; a fresh
+    trainer resumes from the checkpoint and trains the third step again."""
+    from hetrl.trainer.parallel import destroy_parallel
+
+    tcfg = TrainerConfig(**{**TRAINER, "precision": "bf16"})
+    out: dict = {}
+    trainer = _trainer(tcfg, seed=11)
+    try:
+        out["dtypes"] = {p.dtype for p in trainer.module.parameters()}
+        out["master_dtypes"] = {p.main_param.dtype for p in trainer.module.parameters()}
+        batch = _batch(trainer)
+        out["initial"] = _params(trainer)
+        out["grad_norms"] = [trainer.train_step(batch)["grad_norm"] for _ in range(2)]
+        with may_start_processes():
+            checkpoint.start_checkpoint_writer()
+            checkpoint.save_checkpoint(root, trainer.step, trainer.model, trainer.optimizer, trainer.scheduler)
+        trainer.train_step(batch)
+        out["straight"] = _params(trainer)
+    finally:
+        destroy_parallel()
+    resumed = _trainer(tcfg, seed=99)
+    try:
+        resumed.step = checkpoint.load_checkpoint(root, resumed.model, resumed.optimizer, resumed.scheduler).step
+        resumed.train_step(_batch(resumed))
+        out["resumed"] = _params(resumed)
+    finally:
+        destroy_parallel()
+    return out
+
+
+def test_bf16_trains_with_fp32_master_weights_and_resumes_exactly(two_ranks, tmp_path: Path) -> None:
+    """trainer.precision=bf16 on CPU: every parameter (hetrl's norms too) is bf16 and the optimizer keeps fp32
+    master weights (megatron's Float16 optimizer, whose CUDA type checks the compatibility layer answers)."""
+    for out in two_ranks.run(_bf16_job, tmp_path):
+        assert out["dtypes"] == {torch.bfloat16} and out["master_dtypes"] == {torch.float32}
+        assert all(np.isfinite(g) and g > 0 for g in out["grad_norms"])
+        assert any(not torch.equal(out["initial"][n], t) for n, t in out["straight"].items())
+        for name, tensor in out["straight"].items():
+            assert torch.equal(out["resumed"][name], tensor), name

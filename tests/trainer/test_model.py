@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -96,6 +98,17 @@ def test_bad_layouts_are_user_errors() -> None:
         check_layout(TrainerConfig(tensor_parallel=2, precision="fp32"), 3, has_gpu=False)
     with pytest.raises(ValueError, match="expert_parallel"):
         check_layout(TrainerConfig(expert_parallel=4, precision="fp32"), 2, has_gpu=False)
-    with pytest.raises(ValueError, match="fp32"):
-        check_layout(TrainerConfig(precision="bf16"), 1, has_gpu=False)
     assert check_layout(TrainerConfig(tensor_parallel=2, precision="fp32"), 4, has_gpu=True) == 2
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_of(monkeypatch) -> None:
+    from hetrl.trainer import parallel
+
+    monkeypatch.setattr(parallel, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="without native bf16"):
+        parallel.check_layout(TrainerConfig(precision="bf16"), 1, has_gpu=False)
+    monkeypatch.setattr(parallel, "cpu_has_native_bf16", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert parallel.check_layout(TrainerConfig(precision="bf16"), 1, has_gpu=False) == 1
+        assert parallel.check_layout(TrainerConfig(precision="bf16"), 1, has_gpu=True) == 1

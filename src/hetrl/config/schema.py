@@ -39,6 +39,14 @@ class HetrlConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics, console, rollout store, guards.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Cluster profile.")
 
+    @property
+    def engine_dtype(self) -> str:
+        """The engines' weight dtype: ``rollout.dtype``, or with ``auto`` the trainer's precision, so that
+        the engine samples with the arithmetic the trainer scores."""
+        if self.rollout.dtype != "auto":
+            return self.rollout.dtype
+        return "bfloat16" if self.trainer.precision == "bf16" else "float32"
+
     @model_validator(mode="after")
     def _check_cross_section(self) -> "HetrlConfig":
         """Combinations that validate section by section but fail on the compute nodes: refused here,
@@ -64,8 +72,6 @@ def _check_cpu_profile(cfg: HetrlConfig) -> None:
     Sequence parallelism (and so MoE under TP, which needs it: ``_check_model_layout``) runs on CPU: the local
     spec's norms are hetrl's (trainer/norms.py ``TorchNorm``), which allow it."""
     t, cpu = cfg.trainer, "on a CPU-only cluster profile (cluster.gpus_per_node=0)"
-    if t.precision != "fp32":
-        raise ValueError(f"trainer.precision={t.precision!r} {cpu}: use trainer.precision=fp32")
     if t.transformer_impl == "transformer_engine":
         raise ValueError(f"trainer.transformer_impl=transformer_engine {cpu}: transformer-engine needs a GPU; use auto or local")
     if cfg.rollout.weight_sync == "ipc":

@@ -17,7 +17,9 @@ class TrainerConfig(Section):
         1, ge=1, description="Context-parallel size (CP) for long sequences: each rank holds 2 of 2 x CP chunks of every row (all-gather attention on the local spec, transformer-engine's own CP on GPU)."
     )
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tensor_parallel > 1; CPU runs use hetrl's sequence-parallel norms).")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="Training precision: bf16 on GPUs; CPU runs must use fp32.")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Training precision. bf16: bf16 weights and compute with fp32 master weights, gradients and optimizer state (megatron's mixed precision); on GPUs, and on CPUs with native bf16 (AVX512-BF16 or AMX; elsewhere emulated and slower than fp32, which the trainer warns of)."
+    )
     transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
         "auto", description="Layer implementation: transformer_engine on GPU when installed, local otherwise (auto)."
     )

@@ -163,7 +163,7 @@ def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) ->
     from hetrl.rollout.engine import GenerationEngine
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    engine = GenerationEngine(hf_dir, cfg.rollout, seed=cfg.run.seed)
+    engine = GenerationEngine(hf_dir, cfg.rollout, dtype=cfg.engine_dtype, seed=cfg.run.seed)
     try:
         samples = asyncio.run(_run_episodes(engine, cfg, ChatCodec(tokenizer), tasks, eval_sampling(cfg, tokenizer.eos_token_id)))
     finally:

@@ -72,7 +72,7 @@ class RolloutWorker:
     def _new_engine(self) -> Any:
         from hetrl.rollout.engine import GenerationEngine
 
-        return GenerationEngine(self.model_dir, self.cfg.rollout, seed=self.cfg.run.seed + self.ctx.assignment.role_rank)
+        return GenerationEngine(self.model_dir, self.cfg.rollout, dtype=self.cfg.engine_dtype, seed=self.cfg.run.seed + self.ctx.assignment.role_rank)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
         """One turn of an episode: ``images`` (a multimodal episode's, so far) go to the engine with the ids, one

@@ -203,7 +203,8 @@ class _Sample:
 class GenerationEngine:
     """A vLLM engine in this process with streaming results, partial rollouts and versioned weights."""
 
-    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, seed: int = 0, version: int = 0) -> None:
+    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, dtype: str, seed: int = 0, version: int = 0) -> None:
+        """``dtype``: the weights' (``HetrlConfig.engine_dtype``: the trainer's precision unless the recipe says)."""
         import torch
 
         self.on_gpu = torch.cuda.is_available()
@@ -225,7 +226,7 @@ class GenerationEngine:
         self._vllm = vllm
         if cfg.engine_tensor_parallel > 1:
             shared_memory.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
-        self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, seed))
+        self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, dtype, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
         try:
             self.image_inputs = image_inputs_of(self._engine, self.max_model_len) if self._engine.model_config.is_multimodal_model else None
@@ -241,9 +242,10 @@ class GenerationEngine:
         self._finished: list[GenerationResult] = []
         self._broken: str | None = None  # set when a weight swap failed midway: never serve then
 
-    def _engine_args(self, cfg: RolloutConfig, seed: int) -> Any:
+    def _engine_args(self, cfg: RolloutConfig, dtype: str, seed: int) -> Any:
         args: dict[str, Any] = dict(
             model=self.model_path,
+            dtype=dtype,
             tensor_parallel_size=cfg.engine_tensor_parallel,
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
@@ -259,12 +261,12 @@ class GenerationEngine:
             if self.on_gpu:
                 args["enable_return_routed_experts"] = True
         if self.on_gpu:
-            args.update(dtype=cfg.dtype, gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
         else:
-            # bf16 runs ~5x slower than fp32 on CPUs without AMX; "auto" means fp32 there. vLLM's CPU default
-            # is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO group's 8 copies of a
-            # 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8, 24 tokens): 4.8 -> 2.7 s.
-            args.update(dtype="float32" if cfg.dtype == "auto" else cfg.dtype, kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
+            # vLLM's CPU default is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO
+            # group's 8 copies of a 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8,
+            # 24 tokens): 4.8 -> 2.7 s.
+            args.update(kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
                         block_size=_CPU_KV_BLOCK_TOKENS)
         return self._vllm.EngineArgs(**args)
 

@@ -1,18 +1,18 @@
-"""Run megatron-core on a machine without a GPU (gloo, fp32): the ONE place that knows how.
+"""Run megatron-core on a machine without a GPU (gloo, fp32 or bf16): the ONE place that knows how.
 
 megatron-core (0.16) assumes CUDA throughout: ``torch.cuda.current_device()`` as a device,
 ``device="cuda"`` literals (optimizer, grad clipping, pipeline schedules, the default causal
 mask), ``.cuda()`` calls, CUDA streams and events in the MoE all-to-all dispatcher, a CUDA RNG
 state in the tensor-parallel RNG tracker, and ``param.type() == 'torch.cuda.FloatTensor'``
-checks. None of that is wrong on a GPU cluster, so nothing is changed there: :func:`ensure_applied`
+(or ``BFloat16Tensor``: the mixed-precision optimizer) checks. None of that is wrong on a GPU cluster, so nothing is changed there: :func:`ensure_applied`
 does nothing when ``torch.cuda.is_available()``.
 
 Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
 
 * a process-wide :class:`torch.overrides.TorchFunctionMode` that rewrites every CUDA device
   argument (``"cuda"``, ``torch.device("cuda", i)``, a bare index) to ``cpu``, turns
-  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 CPU tensors as
-  ``torch.cuda.FloatTensor`` to ``Tensor.type()`` (the dtype checks above), and drops
+  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 (bf16, fp16) CPU tensors as
+  ``torch.cuda.FloatTensor`` (``BFloat16Tensor``, ``HalfTensor``) to ``Tensor.type()`` (the dtype checks above), and drops
   ``pin_memory`` requests (page-locked memory needs an accelerator; it only speeds copies to one).
   Autograd runs backward functions outside any function mode, so what backward passes need is
   patched at the source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's
@@ -44,6 +44,12 @@ from torch.overrides import TorchFunctionMode
 _APPLIED = False
 _LOCK = threading.Lock()
 _CPU = torch.device("cpu")
+# What megatron's optimizer compares ``param.type()`` against, by dtype.
+_CUDA_TYPE_NAMES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+    torch.float16: "torch.cuda.HalfTensor",
+}
 
 
 def _to_cpu_device(device: Any) -> Any:
@@ -68,8 +74,8 @@ class _CpuAsCudaMode(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.record_stream:
             return None
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].dtype == torch.float32:
-            return "torch.cuda.FloatTensor"
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].dtype in _CUDA_TYPE_NAMES:
+            return _CUDA_TYPE_NAMES[args[0].dtype]
         if "device" in kwargs:
             kwargs["device"] = _to_cpu_device(kwargs["device"])
         kwargs.pop("pin_memory", None)  # pinned host memory only serves async copies to a GPU

@@ -18,6 +18,8 @@ class TorchNorm:
     so its gradient is a partial sum. Like apex's ``FusedLayerNorm`` and transformer-engine's norms,
     this one tags its parameters ``sequence_parallel``, which is what megatron's
     ``finalize_model_grads`` all-reduces over TP (``_allreduce_non_tensor_model_parallel_grads``).
+    Its weights are in ``params_dtype``, as transformer-engine's are: with bf16 megatron's optimizer
+    keeps fp32 master copies of bf16 parameters only, and the checkpoint maps no other.
     """
 
     tags_sequence_parallel = True
@@ -29,7 +31,7 @@ class TorchNorm:
         norms = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
         if config.normalization not in norms:
             raise ValueError(f"hetrl's local norm builds {sorted(norms)}, not {config.normalization!r}")
-        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps, dtype=config.params_dtype)
         for param in norm.parameters():
             param.sequence_parallel = cls.tags_sequence_parallel and config.sequence_parallel
         return norm
