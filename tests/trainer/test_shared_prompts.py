@@ -11,7 +11,7 @@ from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer.batch import build_train_batch, shard_for_data_parallel
-from hetrl.trainer.shared_prompts import PAD_BRANCH, attention_mask, prompt_groups, tree_length
+from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 from samples import make_samples
 
 DENSE = ModelConfig(arch="llama", num_layers=2)
@@ -29,7 +29,9 @@ def grouped_samples(vocab: int = 128) -> list:
 def test_each_completion_token_is_read_where_its_branch_predicts_it():
     samples = grouped_samples()
     batch = build_train_batch(samples, micro_batch_size=2, shared_prompts=True)
-    assert len(batch.micro_batches) == 2 and sum(mb.tokens.shape[0] for mb in batch.micro_batches) == 3  # a row per prompt
+    # a tree per prompt, a micro-batch's trees in one row
+    assert [mb.tokens.shape[0] for mb in batch.micro_batches] == [1, 1]
+    assert sum(int(mb.tree_ids[0].max()) + 1 for mb in batch.micro_batches) == 3
     assert batch.num_tokens == sum(tree_length(samples[i:i + 4]) for i in (0, 4, 8)) < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     for mb in batch.micro_batches:
         labels, positions = mb.labels.flatten(), mb.position_ids.flatten()
@@ -39,7 +41,7 @@ def test_each_completion_token_is_read_where_its_branch_predicts_it():
             assert labels[at].tolist() == s.completion_ids  # each completion token is its predicting position's label
             assert positions[at].tolist() == list(range(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + c))  # as in a row of its own
             assert mb.loss_mask[i, :c].tolist() == [float(m) for m in s.loss_mask]
-        assert set(mb.branches.unique().tolist()) <= {PAD_BRANCH, 0, 1, 2, 3, 4}
+        assert set(mb.tree_ids[1].unique().tolist()) <= {PAD_BRANCH, 0, 1, 2, 3, 4}
 
 
 def test_a_row_is_one_group_even_when_two_groups_share_a_prompt():
@@ -49,12 +51,46 @@ def test_a_row_is_one_group_even_when_two_groups_share_a_prompt():
     assert prompt_groups(twice) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_the_tree_mask_shows_a_branch_the_prompt_and_itself():
-    branches = torch.tensor([[0, 0, 1, 1, 2, 2, PAD_BRANCH]])
-    allowed = ~attention_mask(branches)[0, 0]
-    assert allowed[3].tolist() == [True, True, True, True, False, False, False]  # branch 1: the prompt, then itself
-    assert allowed[5].tolist() == [True, True, False, False, True, True, False]  # branch 2 skips branch 1
-    assert allowed[6].tolist() == [True, True, False, False, False, False, True]  # padding: the prompt and itself, never empty
+def dense_tree_attention(query, key, value, tree_ids, scale):
+    """The rule tree_attention implements, as a dense ``T x T`` mask: a query sees earlier keys of its own tree
+    that are in the prompt (branch 0) or in its own branch; padding sees earlier padding."""
+    tree, branch = tree_ids
+    length = tree.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    same_tree = tree[:, :, None] == tree[:, None, :]
+    allowed = causal & same_tree & ((branch[:, :, None] == branch[:, None, :]) | (branch == 0)[:, None, :])
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], scale=scale)
+    return out.permute(2, 0, 1, 3).flatten(2)
+
+
+def test_tree_attention_equals_the_dense_tree_mask():
+    """Values and gradients at every real position, over trees of different prompt lengths (one of a single
+    token: no shared keys), branch counts and lengths, two rows of several trees, padding, and grouped-query heads."""
+    from hetrl.trainer.shared_prompts import tree_attention
+
+    samples = grouped_samples()
+    micro = build_train_batch(samples[:7] + samples[8:] + samples[:4], micro_batch_size=2, shared_prompts=True).micro_batches
+    length = max(mb.tree_ids.shape[2] for mb in micro)
+    tree_ids = torch.cat([torch.nn.functional.pad(mb.tree_ids, (0, length - mb.tree_ids.shape[2]), value=PAD_BRANCH) for mb in micro], dim=1)
+    rows = tree_ids.shape[1]
+    assert rows == 2 and (tree_ids == PAD_BRANCH).any() and int(tree_ids[0].max()) == 1 and len(set(tree_ids[1].max(1).values.tolist())) > 1
+    heads, groups, dim = 4, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(length, rows, h, dim, generator=gen, dtype=torch.float64, requires_grad=True) for h in (heads, groups, groups))
+    real = (tree_ids[0] != PAD_BRANCH).t()[:, :, None]  # [T, R, 1]
+    weights = torch.randn(length, rows, heads * dim, generator=gen, dtype=torch.float64)
+    results = []
+    for attend in (tree_attention, dense_tree_attention):
+        out = attend(q, k, v, tree_ids, 0.3)
+        (out * weights * real).sum().backward()
+        results.append((out * real, *(t.grad.clone() for t in (q, k, v))))
+        for t in (q, k, v):
+            t.grad = None
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    assert (results[0][0] == 0).sum() < results[0][0].numel()  # not all zero
 
 
 def test_data_parallel_shards_keep_a_prompts_samples_together():
@@ -89,6 +125,7 @@ def _shared_vs_one_row_per_sample(rank: int, world_size: int) -> dict:
     return {
         "rows": _train(base),
         "dp2": _train(shared),
+        "dp2_trees_in_a_row": _train(shared.model_copy(update={"micro_batch_size": 2})),  # a rank's two groups in one row
         "tp2": _train(shared.model_copy(update={"tensor_parallel": 2})),
         "pp2": _train(shared.model_copy(update={"pipeline_parallel": 2})),
     }
@@ -99,7 +136,7 @@ def test_shared_prompts_train_as_one_row_per_sample(two_ranks) -> None:
     results = two_ranks.run(_shared_vs_one_row_per_sample)
     for rank_result in results:
         base = rank_result["rows"]
-        for layout in ("dp2", "tp2", "pp2"):
+        for layout in ("dp2", "dp2_trees_in_a_row", "tp2", "pp2"):
             run = rank_result[layout]
             torch.testing.assert_close(run["first_logprobs"], base["first_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")
             torch.testing.assert_close(run["final_logprobs"], base["final_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")

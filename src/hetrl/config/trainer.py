@@ -45,9 +45,9 @@ class TrainerConfig(Section):
     )
     shared_prompts: bool = Field(
         False,
-        description="Train each prompt once for all its completions: one row per GRPO group holds its prompt and then "
-        "every completion of it, each attending to the prompt and to itself (a tree mask; positions continue from the "
-        "prompt in every branch), so a GRPO group of G samples costs one prompt instead of G. The same log-probs and "
+        description="Train each prompt once for all its completions: each GRPO group is a tree of its prompt and then "
+        "every completion of it, each attending to the prompt and to itself (tree attention; positions continue from the "
+        "prompt in every branch), a micro-batch's trees in one row, so a GRPO group of G samples costs one prompt instead of G. The same log-probs and "
         "gradients as one row per sample, up to rounding. micro_batch_size then counts groups. Runs on the local layer "
         "spec (transformer_impl auto picks it); not with context or sequence parallelism, pack_length, a vision-language "
         "policy or MoE routing replay.",

@@ -5,8 +5,9 @@ Two spaces, kept apart on purpose:
 * **model space** — what the network eats: rows of token ids ``[R, T]``, one sample per row, right
   padded; or, packed, every sample of the micro-batch one after the other in a single row ``[1, t]``
   (megatron's THD layout: ``cu_seqlens`` mark where each sample starts, attention stays inside a
-  sample, position ids restart per sample); or, with shared prompts, one prompt per row followed by
-  each of its completions as a branch (``branches``, :mod:`hetrl.trainer.shared_prompts`); plus the
+  sample, position ids restart per sample); or, with shared prompts, every GRPO group of the
+  micro-batch one after the other in a single row, each its prompt followed by each of its
+  completions as a branch (``tree_ids``, :mod:`hetrl.trainer.shared_prompts`); plus the
   next-token ``labels``;
 * **sample space** — what the loss eats: one row per sample and one column per *completion*
   token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
@@ -80,9 +81,10 @@ class MicroBatch:
     # tokens_per_image each); None without images.
     pixel_values: Tensor | None = None
     image_mask: Tensor | None = None
-    # Shared prompts (hetrl.trainer.shared_prompts): [R, T] long, 0 on a row's prompt, k on its k-th
-    # completion's branch, PAD_BRANCH on padding; the attention follows it. None: causal rows.
-    branches: Tensor | None = None
+    # Shared prompts (hetrl.trainer.shared_prompts): [2, R, T] long, the tree (a group's prompt and its
+    # completions) of each position and its branch in it (0 the prompt, k the k-th completion);
+    # PAD_BRANCH in both on padding. The attention follows them. None: causal rows.
+    tree_ids: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -293,37 +295,40 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
     )
 
 
-def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]]) -> MicroBatch:
-    """Lay out ``rows`` (local positions into ``indices``, each the samples of one prompt) as shared-prompt rows."""
-    trees = [[samples[indices[k]] for k in row] for row in rows]
+def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], groups: list[list[int]]) -> MicroBatch:
+    """Lay out ``groups`` (local positions into ``indices``, each the samples of one prompt) as shared-prompt
+    trees, one after the other in a single row: no padding between them (rows of one tree each were padded
+    to the longest, ~7% of a tiny_grpo step's positions)."""
+    trees = [[samples[indices[k]] for k in group] for group in groups]
     seqs = [s for tree in trees for s in tree]
     if any(s.routed_experts is not None for s in seqs):
         raise ValueError("trainer.shared_prompts does not lay out engine routing (MoE routing replay)")
-    length = max(tree_length(tree) for tree in trees)
+    length = sum(tree_length(tree) for tree in trees)
     width = max(max(len(s.completion_ids) for s in seqs), 1)
     n = len(seqs)
-    tokens = torch.full((len(rows), length), PAD_TOKEN_ID, dtype=torch.long)
+    tokens = torch.full((1, length), PAD_TOKEN_ID, dtype=torch.long)
     positions = torch.zeros_like(tokens)
-    branches = torch.full_like(tokens, PAD_BRANCH)
+    tree_ids = torch.full((2, 1, length), PAD_BRANCH, dtype=torch.long)
     gather = torch.zeros(n, width, dtype=torch.long)
     loss_mask, rollout = torch.zeros(n, width), torch.zeros(n, width)
     order: list[int] = []
-    for r, (row, tree) in enumerate(zip(rows, trees)):
+    offset = 0
+    for t, (group, tree) in enumerate(zip(groups, trees)):
         prompt = tree[0].prompt_ids
         if not prompt:
             raise ValueError(f"sample {tree[0].sample_id} has an empty prompt: its first token has nothing to condition on")
         shared = len(prompt) - 1
-        tokens[r, :shared] = torch.tensor(prompt[:-1], dtype=torch.long)
-        positions[r, :shared] = torch.arange(shared)
-        branches[r, :shared] = 0
-        offset = shared
-        for branch, (k, s) in enumerate(zip(row, tree), start=1):
+        tokens[0, offset:offset + shared] = torch.tensor(prompt[:-1], dtype=torch.long)
+        positions[0, offset:offset + shared] = torch.arange(shared)
+        tree_ids[:, 0, offset:offset + shared] = torch.tensor([[t], [0]])
+        offset += shared
+        for branch, (k, s) in enumerate(zip(group, tree), start=1):
             ids, c = [prompt[-1], *s.completion_ids], len(s.completion_ids)
-            tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
-            positions[r, offset:offset + len(ids)] = shared + torch.arange(len(ids))
-            branches[r, offset:offset + len(ids)] = branch
+            tokens[0, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            positions[0, offset:offset + len(ids)] = shared + torch.arange(len(ids))
+            tree_ids[:, 0, offset:offset + len(ids)] = torch.tensor([[t], [branch]])
             i = len(order)
-            gather[i, :c] = r * length + offset + torch.arange(c)  # the branch's position j predicts its token j
+            gather[i, :c] = offset + torch.arange(c)  # the branch's position j predicts its token j
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
             order.append(indices[k])
@@ -331,7 +336,7 @@ def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], rows:
     return MicroBatch(
         tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=None, cu_seqlens_padded=None,
         gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
-        sample_indices=order, num_tokens=sum(tree_length(tree) for tree in trees), branches=branches,
+        sample_indices=order, num_tokens=length, tree_ids=tree_ids,
     )
 
 
@@ -377,8 +382,9 @@ def build_train_batch(
     batch of ``num_global_samples`` (default: they are all of it). ``images`` (a vision-language
     policy's :func:`hetrl.trainer.vision.image_spec`) expands image placeholders in model space and
     gives micro-batches their pixel values; sample space stays one column per completion token.
-    ``shared_prompts`` lays each group's samples (one prompt) out as one row
-    (:mod:`hetrl.trainer.shared_prompts`); ``micro_batch_size`` then counts those rows.
+    ``shared_prompts`` lays each group's samples (one prompt) out as one tree
+    (:mod:`hetrl.trainer.shared_prompts`), a micro-batch's trees in one row; ``micro_batch_size`` then
+    counts trees.
     """
     if not samples:
         raise ValueError("build_train_batch needs at least one sample")
@@ -459,8 +465,8 @@ def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
     if routed is not None:
         routed = torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, length - t, 0, rows - r), value=-1)
     image_mask = None if mb.image_mask is None else torch.nn.functional.pad(mb.image_mask, grow, value=False)
-    branches = None if mb.branches is None else torch.nn.functional.pad(mb.branches, grow, value=PAD_BRANCH)
-    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, branches=branches,
+    tree_ids = None if mb.tree_ids is None else torch.nn.functional.pad(mb.tree_ids, grow, value=PAD_BRANCH)
+    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, tree_ids=tree_ids,
                    position_ids=torch.nn.functional.pad(mb.position_ids, grow),
                    labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
                    gather_index=gather)

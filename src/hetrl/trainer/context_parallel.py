@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from hetrl.trainer import shared_prompts
 from hetrl.trainer.batch import MicroBatch, spans_from_bounds
 
 
@@ -124,8 +125,10 @@ class AllGatherAttention(torch.nn.Module):
     ``packed_seq_params``: attention stays inside each sample's span); the output is
     ``[s, b, heads * head_dim]`` (``[t, heads * head_dim]``). With ``cp > 1`` keys and values are
     gathered over the CP group first, and each query sees the keys at or before its position.
-    An ``attention_mask`` (megatron's: ``[b, 1, s, s]``, True = masked) replaces the causal mask of
-    unpacked rows without CP: shared-prompt rows (:mod:`hetrl.trainer.shared_prompts`).
+    Shared-prompt rows (:mod:`hetrl.trainer.shared_prompts`) come with their branch ids ``[b, s]`` in
+    megatron's ``attention_mask`` argument (hetrl's model forward passes them, megatron hands them down
+    untouched); their attention is :func:`~hetrl.trainer.shared_prompts.tree_attention`, on unpacked rows
+    without CP.
     """
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
@@ -149,29 +152,26 @@ class AllGatherAttention(torch.nn.Module):
                 attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
         if attention_bias is not None:
             raise ValueError("AllGatherAttention takes no attention bias")
-        if attention_mask is not None and (packed_seq_params is not None or self.cp_group is not None):
-            raise ValueError("an attention mask (shared-prompt rows) runs without packing or context parallelism")
+        if attention_mask is not None:
+            if packed_seq_params is not None or self.cp_group is not None:
+                raise ValueError("shared-prompt rows (branch ids in attention_mask) run without packing or context parallelism")
+            return shared_prompts.tree_attention(query, key, value, attention_mask, self.softmax_scale)
         if packed_seq_params is None:  # [s, b, h, d]: one span per row, the batch folded into sdpa's batch dim
-            out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2,
-                               masked=attention_mask)
+            out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2)
             return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
         bounds = packed_seq_params.cu_seqlens_q_padded
         spans = spans_from_bounds(packed_seq_params.cu_seqlens_q if bounds is None else bounds)
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [h, t, d]
         return self._attend(q, k, v, dim=1, spans=spans).transpose(0, 1).reshape(query.shape[0], -1)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, dim: int, spans: list[tuple[int, int]] | None = None,
-                masked: Tensor | None = None) -> Tensor:
-        """Causal attention of this rank's queries along ``dim``, span by span (``[..., s, d]`` layouts), or, with
-        ``masked`` (True = masked), attention under that mask."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, dim: int, spans: list[tuple[int, int]] | None = None) -> Tensor:
+        """Causal attention of this rank's queries along ``dim``, span by span (``[..., s, d]`` layouts)."""
         if self.cp_group is not None:
             k = gather_sequence(k, self.cp_group, dim=dim, sum_grads=True, spans=spans)
             v = gather_sequence(v, self.cp_group, dim=dim, sum_grads=True, spans=spans)
         if k.shape[dim - 1] != q.shape[dim - 1]:  # grouped-query attention: each KV head serves heads/groups queries
             k = k.repeat_interleave(q.shape[dim - 1] // k.shape[dim - 1], dim=dim - 1)
             v = v.repeat_interleave(q.shape[dim - 1] // v.shape[dim - 1], dim=dim - 1)
-        if masked is not None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=~masked, scale=self.softmax_scale)
         spans = spans or [(0, k.shape[dim])]
         cp_size, cp_rank = (1, 0) if self.cp_group is None else (dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group))
         outputs, offset = [], 0

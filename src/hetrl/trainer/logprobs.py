@@ -134,8 +134,9 @@ def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups
     images = {}
     if mb.pixel_values is not None:  # a vision-language policy (hetrl.trainer.vision.attach_vision) merges them
         images = dict(images=mb.pixel_values.to(groups.device), image_mask=mb.image_mask)
-    mask = None if mb.branches is None else shared_prompts.attention_mask(mb.branches.to(groups.device))
-    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), mask,
+    # Shared-prompt rows: the attention mask argument carries their tree ids (AllGatherAttention's tree attention).
+    tree_ids = None if mb.tree_ids is None else mb.tree_ids.to(groups.device)
+    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), tree_ids,
                  packed_seq_params=packed_seq_params(mb, groups.device), **images)
 
 
