@@ -65,10 +65,16 @@ def dense_tree_attention(query, key, value, tree_ids, scale):
     return out.permute(2, 0, 1, 3).flatten(2)
 
 
-def test_tree_attention_equals_the_dense_tree_mask():
+@pytest.mark.parametrize("scores", ["matmul", "sdpa"])
+def test_tree_attention_equals_the_dense_tree_mask(scores, monkeypatch):
     """Values and gradients at every real position, over trees of different prompt lengths (one of a single
-    token: no shared keys), branch counts and lengths, two rows of several trees, padding, and grouped-query heads."""
+    token: no shared keys), branch counts and lengths, two rows of several trees, padding, and grouped-query
+    heads; with score blocks as matmuls (short ones) and through scaled_dot_product_attention (long ones)."""
+    from hetrl.trainer import shared_prompts
     from hetrl.trainer.shared_prompts import tree_attention
+
+    if scores == "sdpa":
+        monkeypatch.setattr(shared_prompts, "_MATMUL_SCORES_MAX", 0)
 
     samples = grouped_samples()
     micro = build_train_batch(samples[:7] + samples[8:] + samples[:4], micro_batch_size=2, shared_prompts=True).micro_batches

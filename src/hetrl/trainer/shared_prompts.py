@@ -66,7 +66,7 @@ def tree_attention(query: Tensor, key: Tensor, value: Tensor, tree_ids: Tensor, 
     """
     layout = _TreeLayout(tree_ids.to(query.device))
     trees, groups, p_len, b_len = layout.trees, layout.groups, layout.prompt_len, layout.branch_len
-    heads, kv_heads, dim = query.shape[2], key.shape[2], query.shape[3]
+    heads, dim = query.shape[2], query.shape[3]
 
     def gather(t: Tensor, index: Tensor, shape: tuple[int, ...]) -> Tensor:
         """``t`` ``[T, R, h, d]`` at the layout's positions ``index``, as ``[*shape, h, d]`` -> ``[..., h, n, d]``."""
@@ -74,22 +74,38 @@ def tree_attention(query: Tensor, key: Tensor, value: Tensor, tree_ids: Tensor, 
         return t.view(*shape, t.shape[1], dim).transpose(-3, -2)
 
     q_p, k_p, v_p = (gather(t, layout.prompt_index, (trees, p_len)) for t in (query, key, value))  # [N, h, P, d]
-    prompt_out = F.scaled_dot_product_attention(q_p, k_p, v_p, is_causal=True, scale=scale, enable_gqa=kv_heads != heads)
+    prompt_out = _attention(q_p, k_p, v_p, layout.prompt_masked, scale)
     q_b, k_b, v_b = (gather(t, layout.branch_index, (trees, groups, b_len)) for t in (query, key, value))  # [N, G, h, B, d]
     k_b, v_b = (torch.cat([shared[:, None].expand(-1, groups, -1, -1, -1), own], dim=3).flatten(0, 1)
                 for shared, own in ((k_p, k_b), (v_p, v_b)))  # [N G, kv_h, P + B, d]
-    # The branches' scores are small (B x (P + B) each): plain matmuls with an fp32 softmax beat torch's CPU
-    # flash kernel there, whose backward under a mask is slow (the ~44M model in bf16: 22 vs 49 ms a layer).
-    # Grouped-query heads: the query heads of one KV head form one longer query sequence (no copies of K, V).
-    rep = heads // kv_heads
-    q_b = q_b.flatten(0, 1).reshape(trees * groups, kv_heads, rep * b_len, dim)
-    accumulate = torch.promote_types(q_b.dtype, torch.float32)
-    scores = torch.matmul(q_b.to(accumulate), k_b.to(accumulate).transpose(-1, -2)) * scale  # [N G, kv_h, rep B, P + B]
-    scores = scores.unflatten(2, (rep, b_len)).masked_fill(layout.branch_masked[:, :, None], float("-inf")).flatten(2, 3)
-    branch_out = (scores.softmax(-1).to(v_b.dtype) @ v_b).view(trees * groups, heads, b_len, dim)
+    branch_out = _attention(q_b.flatten(0, 1), k_b, v_b, layout.branch_masked, scale)  # [N G, h, B, d]
     flat = [prompt_out.transpose(1, 2).flatten(0, 1), branch_out.transpose(1, 2).flatten(0, 1), prompt_out.new_zeros(1, heads, dim)]
     out = torch.cat(flat).index_select(0, layout.source)  # back to [T * R, h, d]
     return out.view(query.shape[0], query.shape[1], -1)
+
+
+# Score blocks of up to this many elements are plain matmuls with an fp32 softmax: on CPU they beat torch's
+# flash kernel on the short blocks of a tree (its backward under a mask is slow: 22 against 49 ms a layer of
+# the ~44M model in bf16). Larger blocks go to scaled_dot_product_attention, which never holds them whole.
+_MATMUL_SCORES_MAX = 1 << 26
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, masked: Tensor, scale: float) -> Tensor:
+    """``softmax(q k^T scale) v`` where ``masked`` (True: not seen; ``[n or 1, 1, L, S]``) allows.
+
+    ``q`` ``[n, h, L, d]``, ``k`` and ``v`` ``[n, kv_h, S, d]``: with grouped-query heads the query heads of
+    one KV head form one longer query sequence, so K and V are never copied per head.
+    """
+    n, heads, length, dim = q.shape
+    kv_heads = k.shape[1]
+    if n * heads * length * k.shape[2] > _MATMUL_SCORES_MAX:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=~masked, scale=scale, enable_gqa=kv_heads != heads)
+    rep = heads // kv_heads
+    accumulate = torch.promote_types(q.dtype, torch.float32)
+    q = q.reshape(n, kv_heads, rep * length, dim).to(accumulate)
+    scores = torch.matmul(q, k.to(accumulate).transpose(-1, -2)) * scale  # [n, kv_h, rep L, S]
+    scores = scores.unflatten(2, (rep, length)).masked_fill(masked[:, :, None], float("-inf")).flatten(2, 3)
+    return (scores.softmax(-1).to(v.dtype) @ v).view(n, heads, length, dim)
 
 
 class _TreeLayout:
@@ -99,7 +115,7 @@ class _TreeLayout:
     each of the N trees' prompt (padded to the longest, P) and of every branch (G a tree, padded to the
     longest, B) slot; empty slots read position 0, and nothing real attends to them: a prompt's own
     attention is causal (its padding follows it), a branch sees its own tree's prompt keys only
-    (``branch_masked`` is what it does not see), and its own keys causally. ``source`` maps each position
+    (``branch_masked`` is what it does not see), and its own keys causally (``prompt_masked``: a prompt's). ``source`` maps each position
     back into the concatenated outputs (prompts, branches, one zero row for padding).
     """
 
@@ -142,6 +158,7 @@ class _TreeLayout:
         causal = torch.ones(self.branch_len, self.branch_len, dtype=torch.bool, device=device).tril()
         allowed = torch.cat([sees_prompt[:, None, :].expand(-1, self.branch_len, -1), causal.expand(self.trees, -1, -1)], dim=2)
         self.branch_masked = ~allowed[:, None, None].expand(-1, self.groups, -1, -1, -1).flatten(0, 1)  # [N G, 1, B, P + B]
+        self.prompt_masked = ~torch.ones(self.prompt_len, self.prompt_len, dtype=torch.bool, device=device).tril()[None, None]
 
 
 def rotary_follows_positions(model: torch.nn.Module) -> None:
