@@ -97,6 +97,12 @@ def test_packed_rows_match_unpacked_on_gpu():
     torch.testing.assert_close(packed, unpacked, rtol=0, atol=2e-4)
 
 
+def test_shared_prompt_trees_match_one_row_per_sample_on_gpu():
+    """Tree attention (index gathers, matmul score blocks) on CUDA: each sample a tree, all in one row."""
+    rows = _logprobs(transformer_impl="local")
+    torch.testing.assert_close(_logprobs(transformer_impl="local", shared_prompts=True), rows, rtol=0, atol=2e-4)
+
+
 def test_transformer_engine_spec_matches_the_local_spec():
     pytest.importorskip("transformer_engine")
     local = _logprobs(transformer_impl="local")
