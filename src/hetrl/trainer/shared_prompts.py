@@ -114,9 +114,9 @@ class _TreeLayout:
     ``prompt_index`` ``[N * P]`` and ``branch_index`` ``[N * G * B]`` are the flat ``t * R + r`` positions of
     each of the N trees' prompt (padded to the longest, P) and of every branch (G a tree, padded to the
     longest, B) slot; empty slots read position 0, and nothing real attends to them: a prompt's own
-    attention is causal (its padding follows it), a branch sees its own tree's prompt keys only
-    (``branch_masked`` is what it does not see), and its own keys causally (``prompt_masked``: a prompt's). ``source`` maps each position
-    back into the concatenated outputs (prompts, branches, one zero row for padding).
+    attention is causal (``prompt_masked``; its padding follows it), and a branch sees its own tree's
+    prompt keys only and its own keys causally (``branch_masked`` is what it does not see). ``source``
+    maps each position back into the concatenated outputs (prompts, branches, one zero row for padding).
     """
 
     def __init__(self, tree_ids: Tensor) -> None:
