@@ -10,7 +10,8 @@ drift apart:
   ``closeness``) scores each completion, decoded as hetrl decodes it, and hetrl's trainer-side DAPO
   overlong penalty (``hetrl.trainer.advantages.overlong_penalty``) is added on the completion length;
 - the hyperparameters map one to one (batch, group size, micro-batch, lr, warmup, clip, beta, AdamW,
-  grad clip, sampling, precision: trainer.precision=bf16 is TRL's bf16=True, autocast over fp32 weights); the learning rate follows Megatron's warmup as hetrl runs it (step k gets
+  grad clip, sampling, precision: trainer.precision=bf16 is TRL's bf16=True, autocast over fp32
+  weights); the learning rate follows Megatron's warmup as hetrl runs it (step k gets
   lr x min(1, (k + 1) / warmup)), not HF's constant_with_warmup (which gives step 0 lr 0).
 Not mirrored: hetrl's truncated IS correction of the engine/trainer mismatch (TRL samples with the
 trained model itself, HF ``generate``, so there is no mismatch to correct), and hetrl's shared-prompt

@@ -266,8 +266,7 @@ class GenerationEngine:
             # vLLM's CPU default is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO
             # group's 8 copies of a 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8,
             # 24 tokens): 4.8 -> 2.7 s.
-            args.update(kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20,
-                        block_size=_CPU_KV_BLOCK_TOKENS)
+            args.update(kv_cache_memory_bytes=cfg.kv_cache_memory_mb << 20, block_size=_CPU_KV_BLOCK_TOKENS)
         return self._vllm.EngineArgs(**args)
 
     # ----------------------------------------------------------------- requests in, samples out

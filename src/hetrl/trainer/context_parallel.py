@@ -125,8 +125,8 @@ class AllGatherAttention(torch.nn.Module):
     ``packed_seq_params``: attention stays inside each sample's span); the output is
     ``[s, b, heads * head_dim]`` (``[t, heads * head_dim]``). With ``cp > 1`` keys and values are
     gathered over the CP group first, and each query sees the keys at or before its position.
-    Shared-prompt rows (:mod:`hetrl.trainer.shared_prompts`) come with their branch ids ``[b, s]`` in
-    megatron's ``attention_mask`` argument (hetrl's model forward passes them, megatron hands them down
+    Shared-prompt rows (:mod:`hetrl.trainer.shared_prompts`) come with their tree ids ``[2, b, s]`` (tree,
+    branch) in megatron's ``attention_mask`` argument (hetrl's model forward passes them, megatron hands them down
     untouched); their attention is :func:`~hetrl.trainer.shared_prompts.tree_attention`, on unpacked rows
     without CP.
     """
@@ -154,7 +154,7 @@ class AllGatherAttention(torch.nn.Module):
             raise ValueError("AllGatherAttention takes no attention bias")
         if attention_mask is not None:
             if packed_seq_params is not None or self.cp_group is not None:
-                raise ValueError("shared-prompt rows (branch ids in attention_mask) run without packing or context parallelism")
+                raise ValueError("shared-prompt rows (tree ids in attention_mask) run without packing or context parallelism")
             return shared_prompts.tree_attention(query, key, value, attention_mask, self.softmax_scale)
         if packed_seq_params is None:  # [s, b, h, d]: one span per row, the batch folded into sdpa's batch dim
             out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2)

@@ -4,15 +4,17 @@ megatron-core (0.16) assumes CUDA throughout: ``torch.cuda.current_device()`` as
 ``device="cuda"`` literals (optimizer, grad clipping, pipeline schedules, the default causal
 mask), ``.cuda()`` calls, CUDA streams and events in the MoE all-to-all dispatcher, a CUDA RNG
 state in the tensor-parallel RNG tracker, and ``param.type() == 'torch.cuda.FloatTensor'``
-(or ``BFloat16Tensor``: the mixed-precision optimizer) checks. None of that is wrong on a GPU cluster, so nothing is changed there: :func:`ensure_applied`
-does nothing when ``torch.cuda.is_available()``.
+(or ``BFloat16Tensor``: the mixed-precision optimizer) checks. None of that is wrong on a GPU
+cluster, so nothing is changed there: :func:`ensure_applied` does nothing when
+``torch.cuda.is_available()``.
 
 Without a GPU it makes the CPU pose as "the CUDA device", in three parts:
 
 * a process-wide :class:`torch.overrides.TorchFunctionMode` that rewrites every CUDA device
   argument (``"cuda"``, ``torch.device("cuda", i)``, a bare index) to ``cpu``, turns
-  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 (bf16, fp16) CPU tensors as
-  ``torch.cuda.FloatTensor`` (``BFloat16Tensor``, ``HalfTensor``) to ``Tensor.type()`` (the dtype checks above), and drops
+  ``Tensor.cuda()`` / ``Tensor.record_stream()`` into no-ops, reports float32 (bf16, fp16) CPU
+  tensors as ``torch.cuda.FloatTensor`` (``BFloat16Tensor``, ``HalfTensor``) to ``Tensor.type()``
+  (the dtype checks above), and drops
   ``pin_memory`` requests (page-locked memory needs an accelerator; it only speeds copies to one).
   Autograd runs backward functions outside any function mode, so what backward passes need is
   patched at the source instead: ``current_device()`` is the CPU device, and the MoE dispatcher's

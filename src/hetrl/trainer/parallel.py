@@ -87,7 +87,6 @@ def check_layout(cfg: TrainerConfig, world_size: int, *, has_gpu: bool) -> int:
             f"trainer.expert_parallel={cfg.expert_parallel} must divide data_parallel x context_parallel = "
             f"{dp} x {cfg.context_parallel} for world size {world_size}"
         )
-    # Sequence parallelism runs on CPU too: the local spec's norms are hetrl's (trainer/norms.py TorchNorm).
     if not has_gpu and cfg.precision == "bf16" and not cpu_has_native_bf16():
         warnings.warn("trainer.precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX): its bf16 arithmetic is "
                       "emulated, several times slower than fp32 (trainer.precision=fp32)", stacklevel=2)
