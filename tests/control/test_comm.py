@@ -61,3 +61,22 @@ def test_naps_stay_short_while_a_message_is_likely_on_its_way(monkeypatch):
     clock[0] += 1.5
     later = [next(pauses) for _ in range(6)]
     assert later == [0.004, 0.008, 0.016, 0.02, 0.02, 0.02]
+
+
+def test_naps_start_over_when_a_message_is_matched(monkeypatch):
+    """An idle rank's 20 ms naps start over at 0.5 ms once a probe matched a message: a large one is
+    still arriving, and completes within a poll or two of its sender's."""
+    from mpi4py import MPI
+
+    from hetrl.control import comm
+
+    clock = [100.0]
+    monkeypatch.setattr(comm.time, "monotonic", lambda: clock[0])
+    pauses = comm.naps()
+    next(pauses)
+    clock[0] += 1.5
+    assert [next(pauses) for _ in range(6)][-1] == 0.02
+    comm.send(MPI.COMM_SELF, "batch", dest=0, tag=comm.Tag.WORK)
+    assert comm.poll(MPI.COMM_SELF, 0, comm.Tag.WORK)[0] == "batch"
+    comm.flush_sends()
+    assert [next(pauses) for _ in range(3)] == [0.0005, 0.001, 0.002]

@@ -268,12 +268,15 @@ def _bf16_job(rank: int, world_size: int, root: Path) -> dict:
     try:
         out["dtypes"] = {p.dtype for p in trainer.module.parameters()}
         out["master_dtypes"] = {p.main_param.dtype for p in trainer.module.parameters()}
+        out["fused"] = _fused_flags(trainer.optimizer)
         batch = _batch(trainer)
         out["initial"] = _params(trainer)
         out["grad_norms"] = [trainer.train_step(batch)["grad_norm"] for _ in range(2)]
         with may_start_processes():
             checkpoint.start_checkpoint_writer()
+            _set_fused(trainer.optimizer, None)  # saved as hetrl saved it before it took the fused kernel
             checkpoint.save_checkpoint(root, trainer.step, trainer.model, trainer.optimizer, trainer.scheduler)
+            _set_fused(trainer.optimizer, True)
         trainer.train_step(batch)
         out["straight"] = _params(trainer)
     finally:
@@ -281,6 +284,7 @@ def _bf16_job(rank: int, world_size: int, root: Path) -> dict:
     resumed = _trainer(tcfg, seed=99)
     try:
         resumed.step = checkpoint.load_checkpoint(root, resumed.model, resumed.optimizer, resumed.scheduler).step
+        out["fused_after_load"] = _fused_flags(resumed.optimizer)
         resumed.train_step(_batch(resumed))
         out["resumed"] = _params(resumed)
     finally:
@@ -288,11 +292,27 @@ def _bf16_job(rank: int, world_size: int, root: Path) -> dict:
     return out
 
 
+def _adam_groups(optimizer) -> list[dict]:
+    """The param groups of the torch Adam inside megatron's optimizer."""
+    return [group for part in getattr(optimizer, "chained_optimizers", [optimizer]) for group in part.optimizer.param_groups]
+
+
+def _fused_flags(optimizer) -> set[tuple]:
+    return {(group["fused"], group["foreach"]) for group in _adam_groups(optimizer)}
+
+
+def _set_fused(optimizer, fused: bool | None) -> None:
+    for group in _adam_groups(optimizer):
+        group.update(fused=fused, foreach=False if fused else None)
+
+
 def test_bf16_trains_with_fp32_master_weights_and_resumes_exactly(two_ranks, tmp_path: Path) -> None:
     """trainer.precision=bf16 on CPU: every parameter (hetrl's norms too) is bf16 and the optimizer keeps fp32
-    master weights (megatron's Float16 optimizer, whose CUDA type checks the compatibility layer answers)."""
+    master weights (megatron's Float16 optimizer, whose CUDA type checks the compatibility layer answers).
+    Its torch Adam steps with the fused kernel, also after loading a checkpoint saved without it."""
     for out in two_ranks.run(_bf16_job, tmp_path):
         assert out["dtypes"] == {torch.bfloat16} and out["master_dtypes"] == {torch.float32}
+        assert out["fused"] == out["fused_after_load"] == {(True, False)}
         assert all(np.isfinite(g) and g > 0 for g in out["grad_norms"])
         assert any(not torch.equal(out["initial"][n], t) for n, t in out["straight"].items())
         for name, tensor in out["straight"].items():

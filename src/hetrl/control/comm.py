@@ -113,9 +113,16 @@ def _progress_sends() -> None:
 
 def naps() -> Iterator[float]:
     """The sleeps between the probes of one wait (see _POLL_SOON_S); a role's own poll loop starts a new
-    wait (a fresh ``naps()``) whenever something moved, so that the next message is seen within ~2 ms."""
-    start, delay = time.monotonic(), _POLL_MIN_S
+    wait (a fresh ``naps()``) whenever something moved, so that the next message is seen within ~2 ms.
+
+    A message matched since the last nap starts them over too: a large one (a step's batch to the
+    trainer) is still arriving, completes within a poll or two of its sender's, and would otherwise
+    wait out another of an idle rank's 20 ms naps.
+    """
+    start, delay, matched = time.monotonic(), _POLL_MIN_S, _matched
     while True:
+        if _matched != matched:
+            start, delay, matched = time.monotonic(), _POLL_MIN_S, _matched
         yield delay
         delay = min(delay * 2, _POLL_SOON_S if time.monotonic() - start < _SOON_S else _POLL_MAX_S)
 
@@ -148,18 +155,25 @@ class _Incoming:
 # Receives in flight, oldest first. From one sender, messages of one tag are delivered in the order
 # sent: a later one is never returned while an earlier one is still arriving.
 _inbox: list[_Incoming] = []
+_matched = 0  # messages matched so far (see naps)
 
 
 def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[Any, int, int] | None:
     """Return ``(obj, source, tag)`` if a matching message has arrived whole, else None. Never blocks."""
+    global _matched
     from mpi4py import MPI
 
     _progress_sends()
     status = MPI.Status()
+    # MPICH's probes look at what has arrived before they make progress, so a probe finds only what an
+    # earlier MPI call brought in: without this first one, every message waited one more nap (an idle
+    # rank saw it ~36 ms after it was sent instead of ~15).
+    comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
     # Everything that arrived, whoever sent it: a sender waiting for its message to complete
     # must not depend on what this rank happens to be waiting for.
     while (message := comm.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)) is not None:
         _inbox.append(_Incoming(comm, message.irecv(), status.Get_source(), status.Get_tag()))
+        _matched += 1
     still_arriving: set[tuple[int, int]] = set()
     for item in _inbox:
         if item.comm != comm or (source is not None and item.source != source) or (tag is not None and item.tag != int(tag)):

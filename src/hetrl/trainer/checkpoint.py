@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from hetrl.trainer.hf_convert import default_process_groups, unwrap
+from hetrl.trainer.optim import use_fused_adam
 
 LATEST = "latest"
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -317,12 +318,14 @@ def load_checkpoint(
     unwrap(model).load_state_dict(loaded["model"])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
+        use_fused_adam(optimizer)
     if scheduler is not None and common["scheduler"] is not None:
         scheduler.load_state_dict(common["scheduler"])
     if critic is not None:
         unwrap(critic[0]).load_state_dict({key.removeprefix("critic."): value for key, value in loaded["critic"].items()})
         if critic[1] is not None:
             critic[1].load_state_dict(loaded["critic_optimizer"])
+            use_fused_adam(critic[1])
         if critic[2] is not None and common["critic_scheduler"] is not None:
             critic[2].load_state_dict(common["critic_scheduler"])
     if "rng" in loaded:
