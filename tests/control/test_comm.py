@@ -49,6 +49,32 @@ def test_share_hands_the_leaders_object_to_every_rank(tmp_path):
         f"OK {rank} [3, 300000] 7 True" for rank in range(3)], proc.stdout
 
 
+FIRST_POLL = """
+import sys, time
+from mpi4py import MPI
+from hetrl.control.comm import Tag, flush_sends, poll, send
+world = MPI.COMM_WORLD
+if world.Get_rank() == 0:
+    send(world, "step", 1, Tag.WORK)
+    flush_sends(timeout_s=60)
+else:
+    time.sleep(0.5)  # the message has long arrived: no MPI call of this rank has brought it in yet
+    got = poll(world, 0, Tag.WORK)
+    print("FIRST POLL", None if got is None else got[0])
+    while got is None:
+        got = poll(world, 0, Tag.WORK)
+"""
+
+
+def test_the_first_poll_after_a_message_arrived_returns_it():
+    """MPICH's probe looks at what has arrived before it makes progress; a poll that only probed found a
+    message one poll (one nap) late."""
+    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, "-c", FIRST_POLL],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FIRST POLL step" in proc.stdout, proc.stdout
+
+
 def test_naps_stay_short_while_a_message_is_likely_on_its_way(monkeypatch):
     """~2 ms between probes for the first second of a wait (a step's results, a reward round trip), then up to 20 ms."""
     from hetrl.control import comm

@@ -107,7 +107,7 @@ def use_fused_adam(optimizer) -> None:  # noqa: ANN001 - a megatron optimizer
         if not isinstance(torch_optimizer, torch.optim.Adam | torch.optim.AdamW):
             continue  # transformer-engine's or apex's fused Adam, or no parameters on this rank
         params = [param for group in torch_optimizer.param_groups for param in group["params"]]
-        if all(param.device.type in ("cpu", "cuda") and param.dtype.is_floating_point for param in params):
+        if all(param.device.type in ("cpu", "cuda") for param in params):  # where this torch has the kernel
             for group in torch_optimizer.param_groups:
                 group.update(fused=True, foreach=False)
             for param in params:  # the fused kernel reads its step count where the parameter lives
