@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 NODE_COUNTS = (128, 1024)
 HEADLINE_NODES = 1024

@@ -27,7 +27,7 @@ from hetrl.env.registry import build_task_source, env_factory  # noqa: E402
 from hetrl.env.tasks.base import TaskStream  # noqa: E402
 from hetrl.env.scripted import ScriptedPolicy  # noqa: E402
 from hetrl.models.tokenizer import build_char_tokenizer  # noqa: E402
-from hetrl.types import SamplingParams  # noqa: E402
+from hetrl.records import SamplingParams  # noqa: E402
 
 NUM_EPISODES = 256
 REPEATS = 3

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 from math_verify import parse, verify  # noqa: E402
 
-from hetrl.reward.math import MathVerifier, find_answer, quick_verdict  # noqa: E402
+from hetrl.reward.math_answers import MathVerifier, find_answer, quick_verdict  # noqa: E402
 
 ROUNDS = 7
 PROMPTS = 40  # per round

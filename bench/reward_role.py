@@ -38,11 +38,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hetrl.config.reward import RewardConfig  # noqa: E402
-from hetrl.reward.code import tests_from_asserts  # noqa: E402
+from hetrl.reward.code_tests import tests_from_asserts  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.reward.worker import ConcurrentScorer  # noqa: E402
 from hetrl.sandbox import detect_isolation  # noqa: E402
-from hetrl.types import Sample  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 
 GOAL = 1.8
 

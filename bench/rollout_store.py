@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from hetrl.monitor.rollout_store import RolloutReader, RolloutStore  # noqa: E402
-from hetrl.types import Sample  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 
 NUM_SAMPLES, PROMPT_LEN, COMPLETION_LEN, REPEATS, STEP_SIZE = 1024, 128, 512, 3, 256
 

@@ -29,7 +29,7 @@ from hetrl.config.model import ModelConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.models.hf import build_random_hf_checkpoint
 from hetrl.rollout.engine import checkpoint_weights
-from hetrl.types import GenerationRequest, SamplingParams
+from hetrl.records import GenerationRequest, SamplingParams
 
 MODEL = ModelConfig(
     hidden_size=512, num_layers=12, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=1408, vocab_size=8192, max_position_embeddings=512

@@ -29,7 +29,7 @@ MODEL = dict(vocab_size=8192, hidden_size=256, num_layers=8, num_attention_heads
 
 
 def make_samples():
-    from hetrl.types import Sample
+    from hetrl.records import Sample
 
     gen = torch.Generator().manual_seed(0)
     out = []

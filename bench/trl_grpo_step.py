@@ -44,7 +44,7 @@ from hetrl.config.loader import load_config  # noqa: E402
 from hetrl.config.schema import HetrlConfig  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.trainer.advantages import overlong_penalty  # noqa: E402
-from hetrl.types import Sample  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 
 
 def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:

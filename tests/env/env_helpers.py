@@ -7,7 +7,7 @@ import re
 from hetrl.env.episodes import EpisodeRunner, group_items
 from hetrl.env.runner import run_episode
 from hetrl.env.scripted import ScriptedPolicy
-from hetrl.types import SamplingParams
+from hetrl.records import SamplingParams
 
 
 def user_text(conversation: str) -> str:

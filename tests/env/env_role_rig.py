@@ -25,7 +25,7 @@ from hetrl.env.scripted import ScriptedPolicy
 from hetrl.control.plan import Component, Plan, RankAssignment, RolloutLayout, TrainerLayout
 from hetrl.loop.env_role import EnvRoleClient, run_env
 from hetrl.models.tokenizer import build_char_tokenizer
-from hetrl.types import SamplingParams
+from hetrl.records import SamplingParams
 
 ROLES = ("rollout", "env", "env")
 PLAN = Plan(

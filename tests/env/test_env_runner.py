@@ -8,7 +8,7 @@ from env_helpers import play, tool_call, tool_turns
 
 from hetrl.env.base import Task
 from hetrl.env.chat import ChatCodec
-from hetrl.env.envs.math import MathEnv
+from hetrl.env.envs.single_answer import MathEnv
 from hetrl.env.envs.tool_use import ToolMathEnv
 from hetrl.models.tokenizer import build_char_tokenizer
 
@@ -109,7 +109,7 @@ def test_same_seed_same_episode(codec):
 
 def test_engine_abort_ends_episode(codec):
     from hetrl.env.runner import run_episode
-    from hetrl.types import GenerationResult, SamplingParams
+    from hetrl.records import GenerationResult, SamplingParams
 
     async def aborting(prompt_ids, sampling):
         return GenerationResult("r", 0, prompt_ids, [5, 6], [-1.0, -1.0], [3, 3], "abort", error="engine restarted")
@@ -122,7 +122,7 @@ def test_engine_abort_ends_episode(codec):
 def test_images_need_an_engine_that_takes_them(codec):
     from hetrl.env.envs.multimodal import MultimodalEnv, ShapesSource
     from hetrl.env.runner import run_episode
-    from hetrl.types import SamplingParams
+    from hetrl.records import SamplingParams
 
     async def text_only(prompt_ids, sampling):
         raise AssertionError("must not be called")

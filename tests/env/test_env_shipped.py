@@ -7,7 +7,7 @@ import pytest
 from env_helpers import play, tool_call, tool_turns, user_text
 
 from hetrl.config.env import EnvConfig, TaskSourceConfig
-from hetrl.env.envs.code import CodeEnv
+from hetrl.env.envs.coding import CodeEnv
 from hetrl.env.envs.multimodal import MultimodalEnv, ShapesSource, render_scene
 from hetrl.models.images import to_pil
 from hetrl.env.envs.terminal import FileOpsSource, TerminalEnv

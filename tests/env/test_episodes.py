@@ -11,7 +11,7 @@ from hetrl.env.registry import build_task_stream, env_factory
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.scripted import ScriptedPolicy
 from hetrl.monitor.metrics import rollout_metrics
-from hetrl.types import SamplingParams
+from hetrl.records import SamplingParams
 
 CFG = TaskSourceConfig(source="reasoning_gym", name="basic_arithmetic", size=20)
 MATH = env_factory(EnvConfig(name="math"))

@@ -31,7 +31,7 @@ from hetrl.loop.staleness import AdaptiveBound, build_adaptive_bound, fixed_boun
 from hetrl.loop.work import RewardDone, RolloutDone, RolloutWork
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 ENGINE, REWARD = 1, 2
 

@@ -3,7 +3,7 @@
 import pytest
 
 from hetrl.loop.batching import require_room
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def _sample(sample_id: str, length: int, reward: float) -> Sample:

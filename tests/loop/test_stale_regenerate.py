@@ -24,7 +24,7 @@ from hetrl.loop.orchestrator import Orchestrator, _Ledger
 from hetrl.loop.work import RewardDone, RolloutDone, RolloutWork
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, PROMPTS, GROUP_SIZE = 3, 2, 4

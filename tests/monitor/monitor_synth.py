@@ -9,7 +9,7 @@ import numpy as np
 
 from hetrl.config.monitor import MonitorConfig
 from hetrl.monitor import Monitor, names
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 FLAGS = ("format_violation", "repeated_answer")
 

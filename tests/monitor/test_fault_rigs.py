@@ -12,7 +12,7 @@ from hetrl.loop.reward_role import _RiggedFaults as RewardFaults
 from hetrl.loop.trainer_role import _Clock
 from hetrl.loop.trainer_role import _RiggedFaults as TrainerFaults
 from hetrl.loop.work import TrainWork
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def _sample(i: int, reward: float = 0.25) -> Sample:

@@ -1,4 +1,4 @@
-"""`python -m hetrl.inspect RUN` filters and views."""
+"""`python -m hetrl.browse RUN` filters and views."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from monitor_synth import NUM_STEPS, make_samples
 
-from hetrl.inspect import main
+from hetrl.browse import main
 
 
 def _run_json(run, *args) -> list[dict]:
@@ -58,7 +58,7 @@ def test_json_carries_token_level_mismatch(synthetic_run):
 
 def test_table_view_with_tokens_as_module(synthetic_run):
     proc = subprocess.run(
-        [sys.executable, "-m", "hetrl.inspect", str(synthetic_run), "--step", "1", "--worst", "1", "--tokens"],
+        [sys.executable, "-m", "hetrl.browse", str(synthetic_run), "--step", "1", "--worst", "1", "--tokens"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

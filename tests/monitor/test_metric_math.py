@@ -11,7 +11,7 @@ import pytest
 from hetrl.monitor.eval import eval_metrics, mean_at_k, pass_at_k
 from hetrl.monitor.metrics import mfu, rollout_metrics, staleness_metrics
 from hetrl.monitor.mismatch import mismatch_metrics
-from hetrl.types import REWARD_METRICS_KEY, Sample
+from hetrl.records import REWARD_METRICS_KEY, Sample
 
 
 def _s(i, reward, n_tokens, task="a", rewards=None, finish="stop", flags=(), versions=None, group="g"):

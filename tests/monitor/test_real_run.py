@@ -85,10 +85,10 @@ def test_rollouts_match_what_was_trained(tiny_run):
 
 
 def test_inspect_worst(tiny_run):
-    proc = run_cli(["-m", "hetrl.inspect", str(tiny_run), "--worst", "3"], timeout_s=300)
+    proc = run_cli(["-m", "hetrl.browse", str(tiny_run), "--worst", "3"], timeout_s=300)
     assert proc.returncode == 0, proc.stderr
     assert "3 rollouts" in proc.stdout
-    as_json = run_cli(["-m", "hetrl.inspect", str(tiny_run), "--worst", "3", "--json"], timeout_s=300)
+    as_json = run_cli(["-m", "hetrl.browse", str(tiny_run), "--worst", "3", "--json"], timeout_s=300)
     worst = [json.loads(line)["reward"] for line in as_json.stdout.splitlines() if line.strip()]
     lowest = sorted(r.reward for r in RolloutReader(tiny_run / "rollouts").rows())[:3]
     assert sorted(worst) == pytest.approx(lowest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hetrl.config.reward import RewardConfig
 from hetrl.reward.rubric import Rubric
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def _sample(rewards: dict[str, float]) -> Sample:

@@ -4,14 +4,14 @@ import pytest
 
 from hetrl.config.reward import SandboxConfig, SandboxLimits
 from hetrl.reward import hacking as H
-from hetrl.reward.code import CodeReward
+from hetrl.reward.code_tests import CodeReward
 from hetrl.config.reward import JudgeConfig
 from hetrl.reward.judge import JudgeReward
 from hetrl.reward.serving import Completion, CompletionResult
 from hetrl.reward.rubric import Rubric, WeightedFn
 from hetrl.reward.shaping import FormatReward
 from hetrl.sandbox import SandboxPool, detect_isolation
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 pytestmark = pytest.mark.skipif(not detect_isolation().isolated, reason="needs sandbox isolation")
 
@@ -102,7 +102,7 @@ def test_judge_injection_scores_zero():
 
 
 def test_multiple_final_answers_scores_zero():
-    from hetrl.reward.math import check_answer
+    from hetrl.reward.math_answers import check_answer
 
     verdict = check_answer("It is \\boxed{3} or maybe \\boxed{4}", "4")
     assert not verdict.correct and H.MULTIPLE_ANSWERS in verdict.flags

@@ -10,11 +10,11 @@ from math_verify import parse, verify
 
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
-from hetrl.reward.math import (
+from hetrl.reward.math_answers import (
     ERROR, NO_ANSWER, PARTIAL_PARSE, TIMEOUT, TOLERANCE_FALSE_POSITIVE, FinalAnswer, MathReward, MathVerdict,
     MathVerifier, _sympy_verdict, _tolerance_ok, boxed_contents, check_answer, find_answer, quick_verdict,
 )
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def cot(seed: int, steps: int = 30) -> str:

@@ -11,7 +11,7 @@ from hetrl.models.hf import build_random_hf_checkpoint  # noqa: E402
 from hetrl.reward.reward_model import RewardModelReward  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.reward.serving import RewardModelScorer  # noqa: E402
-from hetrl.types import Sample  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from hetrl.config.reward import RewardConfig, SandboxConfig
 from hetrl.reward.rubric import Rubric
 from hetrl.sandbox import IsolationReport, SandboxPool, detect_isolation
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 ISOLATION = detect_isolation()
 needs_isolation = pytest.mark.skipif(not ISOLATION.isolated, reason=f"needs sandbox isolation: {ISOLATION.detail}")

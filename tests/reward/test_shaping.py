@@ -1,7 +1,7 @@
 import pytest
 
 from hetrl.reward.shaping import FormatReward, LengthPenalty, NumericCloseness, OverlongPenalty, RepetitionPenalty
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def s(n=0, ids=None, text="", finish="stop"):

@@ -7,7 +7,7 @@ from hetrl.config.reward import RewardConfig
 from hetrl.reward import ConcurrentScorer, Rubric
 from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.rubric import WeightedFn
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def sample(i, text):

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hetrl.transport.weights import StagedWeights, WeightSyncError, build_weight_receiver, build_weight_sender, init_weight_sync_group
-from hetrl.types import GenerationRequest, SamplingParams
+from hetrl.records import GenerationRequest, SamplingParams
 
 NEW_TOKENS = 16
 BUCKET_BYTES = 64 << 10  # many buckets even for the tiny model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hetrl.config.rollout import RolloutConfig
-from hetrl.types import GenerationRequest, SamplingParams
+from hetrl.records import GenerationRequest, SamplingParams
 from tests.rollout.helpers import load_hf
 
 pytestmark = pytest.mark.vllm

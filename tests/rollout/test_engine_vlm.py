@@ -24,7 +24,7 @@ from hetrl.config.model import ModelConfig, VisionConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID as IMAGE
 from hetrl.transport.weights.base import StagedWeights
-from hetrl.types import GenerationRequest, SamplingParams
+from hetrl.records import GenerationRequest, SamplingParams
 from tests.rollout.conftest import TINY
 from tests.rollout.helpers import Messages
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def make_samples(n: int, vocab: int = 128, seed: int = 0, max_prompt: int = 9, max_completion: int = 11) -> list[Sample]:

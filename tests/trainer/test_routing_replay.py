@@ -25,7 +25,7 @@ from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer.batch import build_train_batch
 from hetrl.trainer.context_parallel import local_positions, shard_micro_batch
-from hetrl.types import Sample
+from hetrl.records import Sample
 from rank_pool import RankPool
 from samples import make_samples
 

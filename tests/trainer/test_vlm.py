@@ -22,7 +22,7 @@ from hetrl.config.trainer import TrainerConfig
 from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID, build_random_hf_checkpoint
 from hetrl.trainer.batch import build_train_batch
 from hetrl.trainer.vision import image_spec, model_tokens, pixel_values
-from hetrl.types import Sample
+from hetrl.records import Sample
 from test_hf_convert import read_safetensors
 
 IMG = CHAR_IMAGE_TOKEN_ID

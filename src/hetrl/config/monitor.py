@@ -26,7 +26,7 @@ class WandbConfig(Section):
 
 
 class RolloutStoreConfig(Section):
-    enabled: bool = Field(True, description="Append every rollout to HDF5 files under RUN/rollouts/ (browse with `python -m hetrl.inspect RUN`).")
+    enabled: bool = Field(True, description="Append every rollout to HDF5 files under RUN/rollouts/ (browse with `python -m hetrl.browse RUN`).")
     flush_every: int = Field(256, ge=1, description="Samples buffered in memory before they are written and made visible to readers.")
     compression: int = Field(1, ge=0, le=9, description="gzip level of the HDF5 datasets (0 = none); 1 is fast and shrinks token ids ~3x.")
 

@@ -16,8 +16,8 @@ from hetrl.config.base import Section
 # name -> "module:attr"; attr is a factory called with the function's kwargs, returning a callable
 # ``f(sample) -> float | RewardValue``. Adding a reward function means adding a line here.
 REWARD_ALLOWLIST: dict[str, str] = {
-    "math": "hetrl.reward.math:MathReward",
-    "code": "hetrl.reward.code:CodeReward",
+    "math": "hetrl.reward.math_answers:MathReward",
+    "code": "hetrl.reward.code_tests:CodeReward",
     "format": "hetrl.reward.shaping:FormatReward",
     "overlong": "hetrl.reward.shaping:OverlongPenalty",
     "length": "hetrl.reward.shaping:LengthPenalty",

@@ -26,7 +26,7 @@ from hetrl.env.base import Environment
 from hetrl.env.chat import ChatCodec
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import GenerateFn, run_episode
-from hetrl.types import ENV_WAIT_KEY, Sample, SamplingParams
+from hetrl.records import ENV_WAIT_KEY, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from hetrl.env.tasks.split import HeldOutSplit, draw_held_out, split_held_out
 EVAL_SEED_OFFSET = 1_000_003
 
 ENVIRONMENTS: dict[str, str] = {
-    "math": "hetrl.env.envs.math:MathEnv",
-    "code": "hetrl.env.envs.code:CodeEnv",
+    "math": "hetrl.env.envs.single_answer:MathEnv",
+    "code": "hetrl.env.envs.coding:CodeEnv",
     "tool_math": "hetrl.env.envs.tool_use:ToolMathEnv",
     "terminal": "hetrl.env.envs.terminal:TerminalEnv",
     "multimodal": "hetrl.env.envs.multimodal:MultimodalEnv",

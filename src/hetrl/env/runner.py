@@ -2,7 +2,7 @@
 
 The Sample's ``completion_ids`` are the sampled ids of every policy turn, verbatim, interleaved
 with the observation ids the chat template adds between turns (``loss_mask`` 0, log-prob 0.0,
-version -1; see ``hetrl.types``). Budgets: ``max_turns`` policy turns and ``max_episode_tokens``
+version -1; see ``hetrl.records``). Budgets: ``max_turns`` policy turns and ``max_episode_tokens``
 tokens in all (prompt included); each generation is capped to what is left of the token budget.
 Why the episode stopped is ``Sample.info["stop_reason"]``:
 
@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 from hetrl.env.base import Environment, Message, Task
 from hetrl.env.chat import ChatCodec
 from hetrl.models.images import to_png
-from hetrl.types import CONVERSATION_KEY, ENV_REWARD_KEY, GenerationResult, Sample, SamplingParams
+from hetrl.records import CONVERSATION_KEY, ENV_REWARD_KEY, GenerationResult, Sample, SamplingParams
 
 # (prompt_ids, sampling) -> result; an engine that takes images also accepts ``images=`` (a list).
 GenerateFn = Callable[..., Awaitable[GenerationResult]]

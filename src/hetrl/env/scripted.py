@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hetrl.env.base import Task
 from hetrl.env.chat import ChatCodec
 from hetrl.env.envs.gui import Button, Checkbox, Dropdown, Gui, ListBox, TextField, Widget, centre
-from hetrl.types import GenerationResult, SamplingParams
+from hetrl.records import GenerationResult, SamplingParams
 
 
 class ScriptedPolicy:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def require_room(samples: list[Sample], max_episode_tokens: int, what: str) -> None:

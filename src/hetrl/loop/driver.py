@@ -23,7 +23,7 @@ from hetrl.control.comm import RoleContext
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.loop.work import id_order
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 logger = logging.getLogger(__name__)
 

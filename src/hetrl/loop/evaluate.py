@@ -33,7 +33,7 @@ from hetrl.config.model import ModelConfig
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
 from hetrl.loop.export import CheckpointError, CheckpointKind, export_trainer_checkpoint, resolve_checkpoint, run_dir_of
-from hetrl.types import GenerationRequest, GenerationResult, Sample, SamplingParams
+from hetrl.records import GenerationRequest, GenerationResult, Sample, SamplingParams
 
 EVAL_FILE = "eval.json"
 # config.json keys that fix the tensor shapes: a mismatch means the recipe describes another model.

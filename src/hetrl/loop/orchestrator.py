@@ -46,7 +46,7 @@ from hetrl.loop.work import (
 )
 from hetrl.monitor import names
 from hetrl.monitor.guards import IDLE
-from hetrl.types import CONVERSATION_KEY, Sample, SamplingParams
+from hetrl.records import CONVERSATION_KEY, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console

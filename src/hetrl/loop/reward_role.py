@@ -28,7 +28,7 @@ from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
 from hetrl.reward.base import ScoringUnavailable
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 logger = logging.getLogger(__name__)
 

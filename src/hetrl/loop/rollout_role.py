@@ -35,7 +35,7 @@ from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
-from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
+from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hetrl.env.episodes import EpisodeItem
-from hetrl.types import Sample, SamplingParams
+from hetrl.records import Sample, SamplingParams
 
 
 @dataclass

@@ -31,7 +31,7 @@ from hetrl.monitor.metrics import rollout_metrics
 from hetrl.monitor.mismatch import mismatch_metrics
 from hetrl.monitor.rollout_store import ROLLOUT_DIR, RolloutStore
 from hetrl.monitor.sinks import METRICS_FILE, TENSORBOARD_DIR, JsonlSink, Sink, TensorBoardSink, build_wandb_sink
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 ALERTS_FILE = "alerts.jsonl"
 log = logging.getLogger(__name__)

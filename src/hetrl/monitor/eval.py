@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,7 +1,7 @@
 """Per-step metrics computed from finished samples, so every loop reports them the same way.
 
 The trainer's own numbers (losses, clip fractions, entropy, grad norm) come from the trainer; what
-can be derived from :class:`hetrl.types.Sample` records alone lives here: reward statistics in
+can be derived from :class:`hetrl.records.Sample` records alone lives here: reward statistics in
 total, per reward source and per task, lengths and truncation, turns and tool calls, flag rates,
 policy staleness, and MFU from a token rate.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.types import ENV_WAIT_KEY, REWARD_METRICS_KEY, Sample
+from hetrl.records import ENV_WAIT_KEY, REWARD_METRICS_KEY, Sample
 
 
 def _stats(values: Sequence[float], name_of) -> dict[str, float]:

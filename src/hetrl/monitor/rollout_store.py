@@ -2,7 +2,7 @@
 
 Contract. One :class:`RolloutStore` (one writing process) owns one file
 ``DIR/<name>-<part>.h5``; a restarted run opens the next part, never reopens an old file. Readers
-(:class:`RolloutReader`, ``python -m hetrl.inspect``) may open the files at any time, from any
+(:class:`RolloutReader`, ``python -m hetrl.browse``) may open the files at any time, from any
 process, while the writer appends.
 
 Why the layout is flat. Concurrent reading uses HDF5's single-writer/multiple-reader (SWMR) mode,
@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 
 from hetrl.models.images import to_png
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 # ragged field -> (dtype, the field whose offsets it shares). Completion-aligned per-token lists
 # share one offset array: they have len(completion_ids) entries by the Sample contract.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hetrl.types import CONVERSATION_KEY, REWARD_METRICS_KEY, Sample
+from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, Sample
 
 
 @dataclass

@@ -31,7 +31,7 @@ from hetrl.config.reward import JudgeConfig
 from hetrl.reward.base import RewardValue, ScoringUnavailable, policy_text, prompt_and_response
 from hetrl.reward.hacking import JUDGE_INJECTION
 from hetrl.reward.serving import Completion, CompletionResult
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 AskFn = Callable[[Completion], CompletionResult]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from hetrl.reward.base import RewardValue, conversation
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 class RewardModelServer(Protocol):

@@ -23,7 +23,7 @@ from typing import Any
 from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
 from hetrl.reward.base import RewardFn, RewardOutcome, ScoringUnavailable, as_value
 from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 log = logging.getLogger(__name__)
 

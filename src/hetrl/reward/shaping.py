@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from hetrl.reward.base import RewardValue
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 class FormatReward:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hetrl.reward.rubric import Rubric
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 class ConcurrentScorer:

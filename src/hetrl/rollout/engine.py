@@ -51,7 +51,7 @@ from hetrl.rollout import cpu_torchvision_shim, worker_extension
 from hetrl.rollout.vision import FROZEN_TOWER_NOTICES, UNUSED_TOWER_PREFIX, VISION_TOWER_PREFIX, image_inputs_of, reads_images
 from hetrl.transport.weights import shared_memory
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
-from hetrl.types import GenerationRequest, GenerationResult, SamplingParams
+from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
 

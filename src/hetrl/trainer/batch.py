@@ -1,4 +1,4 @@
-"""Turn a list of :class:`hetrl.types.Sample` into the trainer's micro-batches.
+"""Turn a list of :class:`hetrl.records.Sample` into the trainer's micro-batches.
 
 Two spaces, kept apart on purpose:
 
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 from hetrl.trainer.vision import ImageSpec, model_length, model_tokens, pixel_values
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 PAD_TOKEN_ID = 0  # masked everywhere it appears; right padding under a causal mask changes nothing
 

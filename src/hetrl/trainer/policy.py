@@ -40,7 +40,7 @@ from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
 from hetrl.trainer.routing_replay import RoutingReplay
 from hetrl.trainer.vision import image_spec
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 RoutingMode = Literal["off", "measure", "replay"]
 

@@ -27,7 +27,7 @@ from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, comp
 from hetrl.trainer.batch import completion_tensors
 from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.policy import PolicyTrainer
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 
 def minibatch_bounds(num_samples: int, num_minibatches: int) -> list[tuple[int, int]]:

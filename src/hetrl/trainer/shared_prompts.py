@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 PAD_BRANCH = -1  # the tree and branch id of padding, which no real position attends to
 

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 # A parameter that never trains (a frozen vision tower; HF's post_layernorm, which LLaVA never
 # uses) carries this attribute: no gradient, no optimizer state, and weight pushes leave it out.

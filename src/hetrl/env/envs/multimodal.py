@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 from hetrl.env.base import Message, Task
-from hetrl.env.envs.math import MathEnv
+from hetrl.env.envs.single_answer import MathEnv
 from hetrl.env.tasks.base import ProceduralSource
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40)}

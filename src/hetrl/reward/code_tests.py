@@ -27,7 +27,7 @@ from hetrl.config.reward import SandboxConfig, SandboxLimits
 from hetrl.reward.base import RewardValue
 from hetrl.reward.hacking import CHANNEL_TAMPER, EARLY_EXIT, EQ_OVERRIDE, FAKE_PASS_OUTPUT, HARNESS_TAMPER, fake_pass_output, is_hack, scan_code
 from hetrl.sandbox import ExecutionResult, SandboxPool
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 HARNESS_SOURCE = Path(__file__).with_name("sandbox_harness.py").read_text()
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)

@@ -49,7 +49,7 @@ from sympy.matrices.expressions import MatrixExpr
 from hetrl.reward.base import RewardValue
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
-from hetrl.types import Sample
+from hetrl.records import Sample
 
 # math-verify warns on every call that its (signal-based) timeouts are off: we hold the deadline.
 logging.getLogger("math_verify").setLevel(logging.ERROR)

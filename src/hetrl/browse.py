@@ -1,12 +1,12 @@
-"""Browse a run's stored rollouts: ``python -m hetrl.inspect RUN [filters]``.
+"""Browse a run's stored rollouts: ``python -m hetrl.browse RUN [filters]``.
 
 Examples::
 
-    python -m hetrl.inspect runs/tiny --step 40 --worst 5         # the 5 lowest-reward samples of step 40
-    python -m hetrl.inspect runs/tiny --flag any                  # every flagged sample
-    python -m hetrl.inspect runs/tiny --flag format_violation --tokens   # + token-level engine/trainer log-probs
-    python -m hetrl.inspect runs/tiny --min-len 500 --json        # one JSON object per sample, for scripts
-    python -m hetrl.inspect runs/tiny_vlm_grpo --worst 3 --images shots/   # + each sample's images as PNG files
+    python -m hetrl.browse runs/tiny --step 40 --worst 5         # the 5 lowest-reward samples of step 40
+    python -m hetrl.browse runs/tiny --flag any                  # every flagged sample
+    python -m hetrl.browse runs/tiny --flag format_violation --tokens   # + token-level engine/trainer log-probs
+    python -m hetrl.browse runs/tiny --min-len 500 --json        # one JSON object per sample, for scripts
+    python -m hetrl.browse runs/tiny_vlm_grpo --worst 3 --images shots/   # + each sample's images as PNG files
 
 Works while the run is writing (the store is SWMR). Filters apply in this order: step, task, flag,
 length, then ``--worst/--best`` by total reward.
@@ -127,7 +127,7 @@ def record_json(record: RolloutRecord) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hetrl.inspect", description="Browse the stored rollouts of a run.")
+    p = argparse.ArgumentParser(prog="python -m hetrl.browse", description="Browse the stored rollouts of a run.")
     p.add_argument("run", help="run directory (or a folder of rollout .h5 files)")
     p.add_argument("--step", type=int, help="only this RL step")
     p.add_argument("--task", help="only this task name")
