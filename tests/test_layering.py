@@ -8,6 +8,7 @@ imports the launcher; the launcher may import it.
 from __future__ import annotations
 
 import ast
+import sys
 from collections import deque
 from pathlib import Path
 
@@ -98,7 +99,38 @@ def test_no_import_cycles():
 
 
 def test_shared_floor_never_imports_launch():
-    offenders = sorted(f"{module} imports {target}" for module, targets in import_graph().items()
-                       if module.startswith(BELOW_LAUNCH) for target in targets
-                       if target == "hetrl.launch" or target.startswith("hetrl.launch."))
+    offenders = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module.startswith(BELOW_LAUNCH)
+        for target in targets
+        if target == "hetrl.launch" or target.startswith("hetrl.launch.")
+    )
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_module_is_named_after_the_standard_library():
+    """A module named ``math`` or ``types`` shadows the standard library's for any script run from its folder."""
+    clashes = [str(p.relative_to(SRC)) for p in (SRC / "hetrl").rglob("*.py") if p.stem in sys.stdlib_module_names]
+    assert not clashes, f"modules named after standard-library modules: {clashes}"
+
+
+def test_function_level_imports_of_hetrl_say_why():
+    """An import of a hetrl module inside a function hides a dependency from the reader, so it must say
+    why (on its line or the line above): a heavy dependency the caller must not pay for, usually."""
+    silent = []
+    for path in sorted((SRC / "hetrl").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for func in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if not (node.level or any(n == "hetrl" or n.startswith("hetrl.") for n in names)):
+                    continue
+                said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                if not said:
+                    silent.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not silent, f"function-level hetrl imports without a reason: {silent}"
