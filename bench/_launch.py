@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(cmd: list[str], what: str, timeout_s: float, env: dict[str, str] | None = None) -> str:
     """Run ``cmd`` from the repository root; its output, or exit naming ``what`` with the output's tail."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

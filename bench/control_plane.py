@@ -83,8 +83,15 @@ def recipe_plans() -> tuple[object, list[dict]]:
         cfg = load_config("moe_grpo", [f"nodes={nodes}"])
         plan = make_plan(cfg)
         trainer_ranks = plan.ranks_of("trainer")
-        rows.append({"nodes": nodes, "world": plan.world_size, "trainer_ranks": trainer_ranks,
-                     "leader": trainer_ranks[0], "orchestrator": plan.ranks_of("orchestrator")[0]})
+        rows.append(
+            {
+                "nodes": nodes,
+                "world": plan.world_size,
+                "trainer_ranks": trainer_ranks,
+                "leader": trainer_ranks[0],
+                "orchestrator": plan.ranks_of("orchestrator")[0],
+            }
+        )
     return cfg, rows
 
 
@@ -109,15 +116,25 @@ def synthetic_batch(cfg, length_scale: int, seed: int = 0) -> list[Sample]:
             n = min(max_tokens, max(1, int(rng.lognormal(np.log(COMPLETION_MEDIAN_TOKENS), 0.75)) // length_scale))
             version = STEP - int(rng.integers(0, cfg.schedule.max_staleness + 1))
             reward = float(rng.integers(0, 2))
-            samples.append(Sample(
-                sample_id=f"t{group}.{index}", group_id=f"t{group}", task_name="reasoning_gym",
-                prompt_ids=prompt_ids, completion_ids=_token_ids(rng, n, cfg.model.vocab_size), loss_mask=[1] * n,
-                logprobs=(-rng.exponential(0.3, n)).tolist(), versions=[version] * n,
-                finish_reason="stop" if n < max_tokens else "length", prompt_text=prompt_text,
-                completion_text=_text(rng, n), answer=str(int(rng.integers(0, 1000))),
-                rewards={"env": reward}, reward=reward,
-                info={"turn_rewards": [reward], "seed": int(rng.integers(0, 2**31)), "stop_reason": "done"},
-            ))
+            samples.append(
+                Sample(
+                    sample_id=f"t{group}.{index}",
+                    group_id=f"t{group}",
+                    task_name="reasoning_gym",
+                    prompt_ids=prompt_ids,
+                    completion_ids=_token_ids(rng, n, cfg.model.vocab_size),
+                    loss_mask=[1] * n,
+                    logprobs=(-rng.exponential(0.3, n)).tolist(),
+                    versions=[version] * n,
+                    finish_reason="stop" if n < max_tokens else "length",
+                    prompt_text=prompt_text,
+                    completion_text=_text(rng, n),
+                    answer=str(int(rng.integers(0, 1000))),
+                    rewards={"env": reward},
+                    reward=reward,
+                    info={"turn_rewards": [reward], "seed": int(rng.integers(0, 2**31)), "stop_reason": "done"},
+                )
+            )
     return samples
 
 
@@ -125,7 +142,7 @@ def grpo_advantages(samples: list[Sample], group_size: int) -> list[list[float]]
     """Per-token GRPO advantages, as the orchestrator computed and sent them before issue 16."""
     out = []
     for start in range(0, len(samples), group_size):
-        group = samples[start:start + group_size]
+        group = samples[start : start + group_size]
         rewards = np.array([s.reward for s in group])
         advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
         out += [[float(a)] * len(s.completion_ids) for a, s in zip(advantages, group)]
@@ -195,8 +212,13 @@ def measure(world, work, num_sends: int, repeats: int) -> dict:
     """Median phases over ``repeats`` hand-overs (after one warm-up) and the exact bytes."""
     hand_over(world, work, num_sends)
     runs = [hand_over(world, work, num_sends) for _ in range(repeats)]
-    return {"send_s": statistics.median(r["send_s"] for r in runs), "reply_s": statistics.median(r["reply_s"] for r in runs),
-            "num_sends": num_sends, "work_bytes": pickled_bytes(work), "reply_bytes": pickled_bytes(runs[-1]["reply"])}
+    return {
+        "send_s": statistics.median(r["send_s"] for r in runs),
+        "reply_s": statistics.median(r["reply_s"] for r in runs),
+        "num_sends": num_sends,
+        "work_bytes": pickled_bytes(work),
+        "reply_bytes": pickled_bytes(runs[-1]["reply"]),
+    }
 
 
 def per_step(measured: dict, num_sends: int) -> tuple[int, float]:
@@ -214,12 +236,16 @@ def orchestrator(world, args) -> None:
     batch_bytes = pickled_bytes(samples)
     num_prompt = sum(len(s.prompt_ids) for s in samples) / len(samples)
     num_completion = sum(len(s.completion_ids) for s in samples) / len(samples)
-    print(f"moe_grpo batch: {cfg.run.prompts_per_step} prompts x {cfg.algorithm.group_size} = {len(samples)} samples, "
-          f"mean {num_prompt:.0f} prompt + {num_completion:.0f} completion tokens")
+    print(
+        f"moe_grpo batch: {cfg.run.prompts_per_step} prompts x {cfg.algorithm.group_size} = {len(samples)} samples, "
+        f"mean {num_prompt:.0f} prompt + {num_completion:.0f} completion tokens"
+    )
     if args.length_scale > 1:
-        print(f"lengths scaled 1/{args.length_scale} of full scale (~{num_prompt * args.length_scale:.0f} + "
-              f"~{num_completion * args.length_scale:.0f}): at full scale bytes grow ~{args.length_scale}x and seconds "
-              f"up to as much; the bytes ratios hardly change (--length-scale 1 for full scale)")
+        print(
+            f"lengths scaled 1/{args.length_scale} of full scale (~{num_prompt * args.length_scale:.0f} + "
+            f"~{num_completion * args.length_scale:.0f}): at full scale bytes grow ~{args.length_scale}x and seconds "
+            f"up to as much; the bytes ratios hardly change (--length-scale 1 for full scale)"
+        )
     print(f"one batch pickled: {batch_bytes / 2**20:.1f} MiB")
     contender = {row["nodes"]: measure(world, TrainWork(STEP, samples), 1, args.repeats) for row in plans}
     old_work = OldTrainWork(STEP, samples, grpo_advantages(samples, cfg.algorithm.group_size))
@@ -230,8 +256,10 @@ def orchestrator(world, args) -> None:
 
 
 def report(plans: list[dict], contender: dict, baseline: dict, batch_bytes: int, args) -> None:
-    print(f"{'nodes':>6} {'trainer ranks':>13} {'hand-over':<9} {'sends':>6} {'MiB sent':>10} {'MiB recv':>9} "
-          f"{'send s':>9} {'reply s':>8} {'total s':>9} {'bytes/batch':>12}")
+    print(
+        f"{'nodes':>6} {'trainer ranks':>13} {'hand-over':<9} {'sends':>6} {'MiB sent':>10} {'MiB recv':>9} "
+        f"{'send s':>9} {'reply s':>8} {'total s':>9} {'bytes/batch':>12}"
+    )
     ratios = {}
     for row in plans:
         n = len(row["trainer_ranks"])
@@ -240,14 +268,23 @@ def report(plans: list[dict], contender: dict, baseline: dict, batch_bytes: int,
             ratios[row["nodes"], name] = num_bytes / batch_bytes
             sent = num_sends * measured["work_bytes"]
             mark = "*" if name == "old" else " "
-            print(f"{row['nodes']:>6} {n:>13} {name:<9} {num_sends:>6} {sent / 2**20:>10.1f} {measured['reply_bytes'] / 2**20:>9.2f} "
-                  f"{seconds - measured['reply_s']:>8.3f}{mark} {measured['reply_s']:>8.3f} {seconds:>8.3f}{mark} "
-                  f"{ratios[row['nodes'], name]:>11.2f}x")
-    print(f"plans: {plans[0]['world']} / {plans[1]['world']} ranks, trainer leader world rank {plans[0]['leader']}, "
-          f"orchestrator {plans[0]['orchestrator']} / {plans[1]['orchestrator']}; seconds: medians of {args.repeats}")
-    print(f"* old: {baseline['num_sends']} real sends timed, scaled to one per trainer rank "
-          f"({baseline['send_s'] / baseline['num_sends'] * 1e3:.0f} ms per send); every one of them is in flight at once, "
-          f"{len(plans[1]['trainer_ranks']) * baseline['work_bytes'] / 2**30:.0f} GiB of pickles at {plans[1]['nodes']} nodes")
+            print(
+                f"{row['nodes']:>6} {n:>13} {name:<9} {num_sends:>6} {sent / 2**20:>10.1f} "
+                f"{measured['reply_bytes'] / 2**20:>9.2f} "
+                f"{seconds - measured['reply_s']:>8.3f}{mark} {measured['reply_s']:>8.3f} {seconds:>8.3f}{mark} "
+                f"{ratios[row['nodes'], name]:>11.2f}x"
+            )
+    print(
+        f"plans: {plans[0]['world']} / {plans[1]['world']} ranks, trainer leader world rank {plans[0]['leader']}, "
+        f"orchestrator {plans[0]['orchestrator']} / {plans[1]['orchestrator']}; seconds: medians of {args.repeats}"
+    )
+    print(
+        f"* old: {baseline['num_sends']} real sends timed, scaled to one per trainer rank "
+        f"({baseline['send_s'] / baseline['num_sends'] * 1e3:.0f} ms per send); every one of them is in flight at "
+        f"once, "
+        f"{len(plans[1]['trainer_ranks']) * baseline['work_bytes'] / 2**30:.0f} GiB of pickles at {plans[1]['nodes']} "
+        f"nodes"
+    )
     print(f"control_plane: {ratios[HEADLINE_NODES, 'new']:.2f}x (goal <= {GOAL_RATIO:g})")
 
 
@@ -257,8 +294,15 @@ def report(plans: list[dict], contender: dict, baseline: dict, batch_bytes: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--length-scale", type=int, default=8, help="divide the recipe's token lengths by this (1: full scale, ~80 MiB a batch)")
-    parser.add_argument("--baseline-sends", type=int, default=16, help="the old hand-over's sends timed for real (then scaled)")
+    parser.add_argument(
+        "--length-scale",
+        type=int,
+        default=8,
+        help="divide the recipe's token lengths by this (1: full scale, ~80 MiB a batch)",
+    )
+    parser.add_argument(
+        "--baseline-sends", type=int, default=16, help="the old hand-over's sends timed for real (then scaled)"
+    )
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # set on the ranks mpiexec starts
     args = parser.parse_args()
     if min(args.repeats, args.length_scale, args.baseline_sends) < 1:
@@ -274,7 +318,9 @@ def main() -> None:
 
     world = MPI.COMM_WORLD
     if world.Get_size() != 2:
-        raise RuntimeError(f"run under mpiexec -n 2 (rank 0 orchestrator, rank 1 trainer), got {world.Get_size()} ranks")
+        raise RuntimeError(
+            f"run under mpiexec -n 2 (rank 0 orchestrator, rank 1 trainer), got {world.Get_size()} ranks"
+        )
     if world.Get_rank() == 0:
         orchestrator(world, args)
     else:

@@ -24,8 +24,8 @@ from hetrl.config.env import EnvConfig, TaskSourceConfig  # noqa: E402
 from hetrl.env.chat import ChatCodec  # noqa: E402
 from hetrl.env.episodes import EpisodeRunner, group_items  # noqa: E402
 from hetrl.env.registry import build_task_source, env_factory  # noqa: E402
-from hetrl.env.tasks.base import TaskStream  # noqa: E402
 from hetrl.env.scripted import ScriptedPolicy  # noqa: E402
+from hetrl.env.tasks.base import TaskStream  # noqa: E402
 from hetrl.models.tokenizer import build_char_tokenizer  # noqa: E402
 from hetrl.records import SamplingParams  # noqa: E402
 
@@ -67,7 +67,9 @@ async def baseline_episodes(make_env, tasks, codec: ChatCodec, policy: ScriptedP
 
 
 async def run_all(make_env, items, codec, policy, max_turns):
-    runner = EpisodeRunner(make_env, codec, policy.generate, max_turns=max_turns, max_episode_tokens=4096, concurrency=64)
+    runner = EpisodeRunner(
+        make_env, codec, policy.generate, max_turns=max_turns, max_episode_tokens=4096, concurrency=64
+    )
     await asyncio.gather(*(runner.start(item, SamplingParams(max_tokens=256)) for item in items))
     return runner.take()[0]
 
@@ -93,8 +95,11 @@ def measure(env_name: str, script, max_turns: int) -> tuple[float, float]:
     make_env = env_factory(EnvConfig(name=env_name))
     contender, baseline = [], []
     for _ in range(REPEATS):
-        items = [item for g, (task, seed) in enumerate(TaskStream(source, seed=0).take(NUM_EPISODES))
-                 for item in group_items(f"g{g}", task, seed, 1)]
+        items = [
+            item
+            for g, (task, seed) in enumerate(TaskStream(source, seed=0).take(NUM_EPISODES))
+            for item in group_items(f"g{g}", task, seed, 1)
+        ]
         start = time.perf_counter()
         samples = asyncio.run(run_all(make_env, items, codec, policy, max_turns))
         contender.append(NUM_EPISODES / (time.perf_counter() - start))

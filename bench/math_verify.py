@@ -36,8 +36,10 @@ from hetrl.reward.math_answers import MathVerifier, find_answer, quick_verdict  
 ROUNDS = 7
 PROMPTS = 40  # per round
 GROUP = 4  # samples per prompt
-WORDS = ("we compute the sum of terms and note that by symmetry each factor contributes equally so the remaining "
-         "case follows from the previous step after we substitute back into the original equation").split()
+WORDS = (
+    "we compute the sum of terms and note that by symmetry each factor contributes equally so the remaining "
+    "case follows from the previous step after we substitute back into the original equation"
+).split()
 UNITS = ("\\text{ cm}", "\\text{ miles}", "\\textnormal{ km}", "\\text{ cm}^2", "\\mbox{ kg}", " \\text{dollars}")
 
 
@@ -57,8 +59,10 @@ def matrix(entries: list[int], env: str = "pmatrix") -> str:
 
 def problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
     """(reference, right answers in equivalent forms, wrong answers) of one prompt."""
-    kind = rng.choices(["integer", "fraction", "decimal", "units", "matrix", "set", "interval", "tuple", "equation"],
-                       [30, 12, 6, 14, 10, 9, 9, 5, 5])[0]
+    kind = rng.choices(
+        ["integer", "fraction", "decimal", "units", "matrix", "set", "interval", "tuple", "equation"],
+        [30, 12, 6, 14, 10, 9, 9, 5, 5],
+    )[0]
     n, m = rng.randint(2, 500), rng.randint(2, 40)
     if kind == "integer":
         return str(n), [str(n)], [str(n + rng.randint(1, 9)), str(-n)]
@@ -155,16 +159,22 @@ def main() -> None:
     same = sum(ours.correct == theirs for ours, theirs in pairs)
     guards = Counter("/".join(ours.flags) for ours, theirs in pairs if theirs and not ours.correct and ours.flags)
     total = len(pairs)
-    print(f"{ROUNDS} rounds of {PROMPTS * GROUP} verifications ({PROMPTS} prompts x {GROUP} samples), fresh answers; "
-          f"{in_process / total:.0%} decided in process")
+    print(
+        f"{ROUNDS} rounds of {PROMPTS * GROUP} verifications ({PROMPTS} prompts x {GROUP} samples), fresh answers; "
+        f"{in_process / total:.0%} decided in process"
+    )
     print(rates("hetrl MathVerifier (guards, 1 worker):", guarded))
     print(rates("math-verify parse+verify (direct):    ", baseline))
-    print(f"agreement with math-verify: {same}/{total} = {same / total:.1%}; guards rejecting what math-verify "
-          f"accepts: {dict(guards) or 0}; other differences: {total - same - sum(guards.values())}")
+    print(
+        f"agreement with math-verify: {same}/{total} = {same / total:.1%}; guards rejecting what math-verify "
+        f"accepts: {dict(guards) or 0}; other differences: {total - same - sum(guards.values())}"
+    )
     n_hard = sum(map(len, hard))
-    print(f"answers needing sympy only ({n_hard} in 3 rounds): hetrl {statistics.median(hard_guarded):.1f}/s vs "
-          f"math-verify {statistics.median(hard_baseline):.1f}/s "
-          f"({statistics.median(hard_guarded) / statistics.median(hard_baseline):.2f}x)")
+    print(
+        f"answers needing sympy only ({n_hard} in 3 rounds): hetrl {statistics.median(hard_guarded):.1f}/s vs "
+        f"math-verify {statistics.median(hard_baseline):.1f}/s "
+        f"({statistics.median(hard_guarded) / statistics.median(hard_baseline):.2f}x)"
+    )
     print(f"math_verify: {statistics.median(guarded) / statistics.median(baseline):.2f}x (goal >= 1.0x)")
 
 

@@ -42,7 +42,10 @@ def main() -> None:
     render_s = median_s(lambda: render_sbatch(plan, cfg.cluster, run_dir, job_name=cfg.run.name))
     total = load_s + plan_s + render_s
     print(f"ranks planned: {plan.world_size} in {len(plan.components)} components")
-    print(f"load+validate {load_s * 1e3:.1f} ms | plan {plan_s * 1e3:.1f} ms | render {render_s * 1e3:.2f} ms (medians of {REPEATS})")
+    print(
+        f"load+validate {load_s * 1e3:.1f} ms | plan {plan_s * 1e3:.1f} ms | render {render_s * 1e3:.2f} ms (medians "
+        f"of {REPEATS})"
+    )
     print(f"planning+rendering over config loading alone: {(plan_s + render_s) / load_s:.2f}x")
     print(f"plan: {total * 1e3:.0f}ms (goal < 2000ms)")
 

@@ -38,11 +38,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hetrl.config.reward import RewardConfig  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 from hetrl.reward.code_tests import tests_from_asserts  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.reward.worker import ConcurrentScorer  # noqa: E402
 from hetrl.sandbox import detect_isolation  # noqa: E402
-from hetrl.records import Sample  # noqa: E402
 
 GOAL = 1.8
 
@@ -66,9 +66,11 @@ class Figures:
     def lines(self) -> list[str]:
         c, s = statistics.median(self.concurrent), statistics.median(self.serial)
         rounds = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
-        out = [f"{self.name}: concurrent scorer {c:6.1f} {self.unit}  (rounds: {rounds(self.concurrent)})",
-               f"{self.name}: one at a time     {s:6.1f} {self.unit}  (rounds: {rounds(self.serial)})",
-               f"{self.name}: concurrent/one-at-a-time {c / s:.2f}x"]
+        out = [
+            f"{self.name}: concurrent scorer {c:6.1f} {self.unit}  (rounds: {rounds(self.concurrent)})",
+            f"{self.name}: one at a time     {s:6.1f} {self.unit}  (rounds: {rounds(self.serial)})",
+            f"{self.name}: concurrent/one-at-a-time {c / s:.2f}x",
+        ]
         return out + ([f"{self.name}: {self.detail}"] if self.detail else [])
 
 
@@ -99,15 +101,33 @@ def score_concurrent(scorer: ConcurrentScorer, samples: list[Sample]) -> tuple[f
 
 def fresh(samples: list[Sample], tag: str) -> list[Sample]:
     """Copies with their own ids and no reward yet (the scorer writes the reward into the sample)."""
-    return [Sample(f"{s.sample_id}{tag}", s.group_id, s.task_name, s.prompt_ids, s.completion_ids, s.loss_mask, s.logprobs, s.versions,
-                   completion_text=s.completion_text, answer=s.answer, info=dict(s.info)) for s in samples]
+    return [
+        Sample(
+            f"{s.sample_id}{tag}",
+            s.group_id,
+            s.task_name,
+            s.prompt_ids,
+            s.completion_ids,
+            s.loss_mask,
+            s.logprobs,
+            s.versions,
+            completion_text=s.completion_text,
+            answer=s.answer,
+            info=dict(s.info),
+        )
+        for s in samples
+    ]
 
 
-def measure(name: str, unit: str, config: RewardConfig, samples: list[Sample], rounds: int, resources: dict | None = None) -> Figures:
+def measure(
+    name: str, unit: str, config: RewardConfig, samples: list[Sample], rounds: int, resources: dict | None = None
+) -> Figures:
     rubric = Rubric.from_config(config, resources)
     scorer = ConcurrentScorer(rubric, config.workers)
     try:
-        score_concurrent(scorer, fresh(samples[: 2 * config.workers], ".warm"))  # pool, imports and caches up before timing
+        score_concurrent(
+            scorer, fresh(samples[: 2 * config.workers], ".warm")
+        )  # pool, imports and caches up before timing
         concurrent, serial = [], []
         for r in range(rounds):
             rate_c, by_c = score_concurrent(scorer, fresh(samples, f".c{r}"))
@@ -151,28 +171,40 @@ def human_eval_samples(count: int, seed: int) -> tuple[list[Sample], dict[str, i
         p = problems[i % len(problems)]
         text = f"Here is the function.\n```python\n{p['prompt']}{bodies[kind](p)}```\n"
         answer = {"asserts": p["test"], "entry_point": p["entry_point"]}
-        samples.append(Sample(f"he{i}.{kind}", f"g{i}", "human_eval", [1], [2], [1], [0.0], [0], completion_text=text, answer=answer))
+        samples.append(
+            Sample(
+                f"he{i}.{kind}", f"g{i}", "human_eval", [1], [2], [1], [0.0], [0], completion_text=text, answer=answer
+            )
+        )
     return samples, {k: kinds.count(k) for k in bodies}
 
 
 def code_tests(args: argparse.Namespace) -> Figures:
     defaults = RewardConfig()
-    config = RewardConfig(functions=[{"name": "code"}], workers=args.workers or defaults.workers,
-                          sandbox={"workers": args.sandbox_workers or defaults.sandbox.workers,
-                                   "limits": {"wall_s": args.wall_s, "cpu_s": args.cpu_s}})
+    config = RewardConfig(
+        functions=[{"name": "code"}],
+        workers=args.workers or defaults.workers,
+        sandbox={
+            "workers": args.sandbox_workers or defaults.sandbox.workers,
+            "limits": {"wall_s": args.wall_s, "cpu_s": args.cpu_s},
+        },
+    )
     samples, mix = human_eval_samples(args.samples, seed=0)
     figures = measure("code tests", "samples/s", config, samples, args.rounds)
     # the same without the samples that run into a limit: what concurrency gives when every program is quick
     quick = [s for s in samples if s.sample_id.endswith((".canonical", ".wrong"))]
     quick_figures = measure("quick only", "samples/s", config, quick, args.rounds)
     passed = figures.rewards_of("canonical")
-    figures.detail = (f"{len(samples)} HumanEval samples a round ({', '.join(f'{n} {k}' for k, n in mix.items())}; "
-                      f"canonical ones scoring 1.0: {sum(r == 1.0 for r in passed)}/{len(passed)}); "
-                      f"reward.workers={config.workers}, reward.sandbox.workers={config.sandbox.workers}, "
-                      f"limits wall_s={config.sandbox.limits.wall_s:g} cpu_s={config.sandbox.limits.cpu_s}\n"
-                      f"code tests: without the {len(samples) - len(quick)} that hit a limit: concurrent "
-                      f"{statistics.median(quick_figures.concurrent):.1f} vs one at a time {statistics.median(quick_figures.serial):.1f} "
-                      f"samples/s ({quick_figures.ratio:.2f}x)")
+    figures.detail = (
+        f"{len(samples)} HumanEval samples a round ({', '.join(f'{n} {k}' for k, n in mix.items())}; "
+        f"canonical ones scoring 1.0: {sum(r == 1.0 for r in passed)}/{len(passed)}); "
+        f"reward.workers={config.workers}, reward.sandbox.workers={config.sandbox.workers}, "
+        f"limits wall_s={config.sandbox.limits.wall_s:g} cpu_s={config.sandbox.limits.cpu_s}\n"
+        f"code tests: without the {len(samples) - len(quick)} that hit a limit: concurrent "
+        f"{statistics.median(quick_figures.concurrent):.1f} vs one at a time "
+        f"{statistics.median(quick_figures.serial):.1f} "
+        f"samples/s ({quick_figures.ratio:.2f}x)"
+    )
     return figures
 
 
@@ -217,22 +249,37 @@ def judge_requests(args: argparse.Namespace) -> Figures:
     from hetrl.models.hf import build_random_hf_checkpoint
     from hetrl.reward.serving import JudgeEngine
 
-    config = RewardConfig(functions=[{"name": "judge"}], workers=args.workers or RewardConfig().workers,
-                          judge={"model": "policy", "scoring": "verdict", "max_tokens": 24, "max_retries": 0},
-                          server={"kv_cache_memory_mb": 128})
-    model_dir = build_random_hf_checkpoint(ModelConfig(max_position_embeddings=1024), Path(tempfile.mkdtemp()) / "judge", seed=0)
+    config = RewardConfig(
+        functions=[{"name": "judge"}],
+        workers=args.workers or RewardConfig().workers,
+        judge={"model": "policy", "scoring": "verdict", "max_tokens": 24, "max_retries": 0},
+        server={"kv_cache_memory_mb": 128},
+    )
+    model_dir = build_random_hf_checkpoint(
+        ModelConfig(max_position_embeddings=1024), Path(tempfile.mkdtemp()) / "judge", seed=0
+    )
     server = BatchingJudge(JudgeEngine(model_dir, config.judge, config.server, seed=0))
     rng = random.Random(0)
     samples = []
     for i in range(args.judge_samples):
         a, b = rng.randint(1, 9), rng.randint(1, 9)
-        messages = [{"role": "user", "content": f"Calculate {a} + {b}."},
-                    {"role": "assistant", "content": f"<answer>{a + b + rng.choice([0, 0, 1, -1])}</answer>"}]
+        messages = [
+            {"role": "user", "content": f"Calculate {a} + {b}."},
+            {"role": "assistant", "content": f"<answer>{a + b + rng.choice([0, 0, 1, -1])}</answer>"},
+        ]
         samples.append(Sample(f"j{i}", f"g{i}", "arith", [1], [2], [1], [0.0], [0], info={"messages": messages}))
-    figures = measure("judge requests", "samples/s", config, samples, args.rounds,
-                      resources={"reward_server": server, "judge_config": config.judge})
-    figures.detail = (f"{len(samples)} verdicts a round (24 tokens each) from a tiny vLLM judge; reward.workers={config.workers}; "
-                      f"the judge answered up to {max(server.batches)} requests in one batch (one at a time: 1)")
+    figures = measure(
+        "judge requests",
+        "samples/s",
+        config,
+        samples,
+        args.rounds,
+        resources={"reward_server": server, "judge_config": config.judge},
+    )
+    figures.detail = (
+        f"{len(samples)} verdicts a round (24 tokens each) from a tiny vLLM judge; reward.workers={config.workers}; "
+        f"the judge answered up to {max(server.batches)} requests in one batch (one at a time: 1)"
+    )
     return figures
 
 
@@ -240,9 +287,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--samples", type=int, default=60, help="code-test samples scored per round, each way")
-    parser.add_argument("--workers", type=int, default=None, help="reward.workers: samples scored at once (default: the config's)")
-    parser.add_argument("--sandbox-workers", type=int, default=None, help="reward.sandbox.workers: sandbox slots (default: the config's)")
-    # smaller than the config's 10 s / 10 s, as a code-test recipe sets them: a spinning program costs cpu_s of CPU each time
+    parser.add_argument(
+        "--workers", type=int, default=None, help="reward.workers: samples scored at once (default: the config's)"
+    )
+    parser.add_argument(
+        "--sandbox-workers",
+        type=int,
+        default=None,
+        help="reward.sandbox.workers: sandbox slots (default: the config's)",
+    )
+    # smaller than the config's 10 s / 10 s, as a code-test recipe sets them: a spinning program costs cpu_s of CPU each
+    # time
     parser.add_argument("--wall-s", type=float, default=2.0, help="reward.sandbox.limits.wall_s")
     parser.add_argument("--cpu-s", type=int, default=1, help="reward.sandbox.limits.cpu_s")
     parser.add_argument("--judge-samples", type=int, default=32, help="judge verdicts per round, each way")

@@ -34,12 +34,23 @@ def make_samples() -> tuple[list[Sample], list[list[float]]]:
     samples, trainer = [], []
     for i in range(NUM_SAMPLES):
         lp = rng.normal(-1, 0.5, COMPLETION_LEN).astype(np.float32)
-        samples.append(Sample(
-            sample_id=f"s{i}", group_id=f"g{i // 8}", task_name="countdown", prompt_ids=rng.integers(0, 150_000, PROMPT_LEN).tolist(),
-            completion_ids=rng.integers(0, 150_000, COMPLETION_LEN).tolist(), loss_mask=[1] * COMPLETION_LEN,
-            logprobs=lp.tolist(), versions=[3] * COMPLETION_LEN, prompt_text="x" * 400, completion_text="y" * 1600,
-            rewards={"correct": 1.0, "format": 0.0}, reward=1.0, info={"turn": 1},
-        ))
+        samples.append(
+            Sample(
+                sample_id=f"s{i}",
+                group_id=f"g{i // 8}",
+                task_name="countdown",
+                prompt_ids=rng.integers(0, 150_000, PROMPT_LEN).tolist(),
+                completion_ids=rng.integers(0, 150_000, COMPLETION_LEN).tolist(),
+                loss_mask=[1] * COMPLETION_LEN,
+                logprobs=lp.tolist(),
+                versions=[3] * COMPLETION_LEN,
+                prompt_text="x" * 400,
+                completion_text="y" * 1600,
+                rewards={"correct": 1.0, "format": 0.0},
+                reward=1.0,
+                info={"turn": 1},
+            )
+        )
         trainer.append((lp + 0.01).tolist())
     return samples, trainer
 
@@ -88,10 +99,16 @@ def main() -> None:
                 shutil.rmtree(tmp)
     med = {name: [statistics.median(r[i] for r in runs) for i in range(4)] for name, runs in results.items()}
     for name, (write_s, write_cpu_s, read_s, size) in med.items():
-        print(f"{name:5s}: write {NUM_SAMPLES / write_s:7.0f} samples/s wall, {NUM_SAMPLES / write_cpu_s:7.0f} samples/cpu-s"
-              f"  scan+load-worst-5 {read_s * 1e3:7.1f} ms  size {size / 2**20:6.1f} MiB")
+        print(
+            f"{name:5s}: write {NUM_SAMPLES / write_s:7.0f} samples/s wall, {NUM_SAMPLES / write_cpu_s:7.0f} "
+            f"samples/cpu-s"
+            f"  scan+load-worst-5 {read_s * 1e3:7.1f} ms  size {size / 2**20:6.1f} MiB"
+        )
     hdf5, jsonl = med["hdf5"], med["jsonl"]
-    print(f"ratios hdf5/jsonl: write speed {jsonl[1] / hdf5[1]:.2f}x (cpu), read speed {jsonl[2] / hdf5[2]:.2f}x, size {hdf5[3] / jsonl[3]:.2f}x")
+    print(
+        f"ratios hdf5/jsonl: write speed {jsonl[1] / hdf5[1]:.2f}x (cpu), read speed {jsonl[2] / hdf5[2]:.2f}x, size "
+        f"{hdf5[3] / jsonl[3]:.2f}x"
+    )
     print(f"rollout_store: {NUM_SAMPLES / hdf5[1]:.0f} samples/cpu-s (goal >= 1000 samples/cpu-s)")
 
 

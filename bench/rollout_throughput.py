@@ -28,11 +28,17 @@ import torch
 from hetrl.config.model import ModelConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.models.hf import build_random_hf_checkpoint
-from hetrl.rollout.engine import checkpoint_weights
 from hetrl.records import GenerationRequest, SamplingParams
+from hetrl.rollout.engine import checkpoint_weights
 
 MODEL = ModelConfig(
-    hidden_size=512, num_layers=12, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=1408, vocab_size=8192, max_position_embeddings=512
+    hidden_size=512,
+    num_layers=12,
+    num_attention_heads=8,
+    num_query_groups=4,
+    ffn_hidden_size=1408,
+    vocab_size=8192,
+    max_position_embeddings=512,
 )
 
 
@@ -56,9 +62,13 @@ def hf_tokens_per_s(path: Path, prompts: list[list[int]], n: int, lengths: list[
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor(prompts)
     longest = max(lengths)
-    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=longest, min_new_tokens=longest, num_return_sequences=n)
+    kwargs = dict(
+        do_sample=True, temperature=1.0, top_k=0, max_new_tokens=longest, min_new_tokens=longest, num_return_sequences=n
+    )
     with torch.no_grad():
-        model.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+        model.generate(
+            ids[:2], attention_mask=torch.ones_like(ids[:2]), **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4}
+        )
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         elapsed = time.perf_counter() - start
@@ -70,11 +80,18 @@ def engine_tokens_per_s(path: Path, prompts: list[list[int]], n: int, lengths: l
     """Tokens/s of the engine with every sample a request of its own length (continuous batching)."""
     from hetrl.rollout.engine import GenerationEngine
 
-    cfg = RolloutConfig(max_model_len=512, kv_cache_memory_mb=2048, max_num_seqs=len(prompts) * n, max_num_batched_tokens=8192)
+    cfg = RolloutConfig(
+        max_model_len=512, kv_cache_memory_mb=2048, max_num_seqs=len(prompts) * n, max_num_batched_tokens=8192
+    )
     engine = GenerationEngine(path, cfg, dtype="float32", seed=0)
     engine.generate([GenerationRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:4])])
-    requests = [GenerationRequest(f"r{i}.{j}", prompt, SamplingParams(temperature=1.0, max_tokens=lengths[i * n + j], ignore_eos=True))
-                for i, prompt in enumerate(prompts) for j in range(n)]
+    requests = [
+        GenerationRequest(
+            f"r{i}.{j}", prompt, SamplingParams(temperature=1.0, max_tokens=lengths[i * n + j], ignore_eos=True)
+        )
+        for i, prompt in enumerate(prompts)
+        for j in range(n)
+    ]
     start = time.perf_counter()
     results = engine.generate(requests)
     elapsed = time.perf_counter() - start
@@ -88,7 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=64, help="length of every sample in the equal-length workload")
+    parser.add_argument(
+        "--new-tokens", type=int, default=64, help="length of every sample in the equal-length workload"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=160, help="cap of the long-tail workload's lengths")
     parser.add_argument("--prompt-len", type=int, default=32)
     args = parser.parse_args()
@@ -107,8 +126,10 @@ def main() -> None:
             hf = hf_tokens_per_s(path, prompts, args.n, lengths)
             eng = engine_tokens_per_s(path, prompts, args.n, lengths)
             ratios[name] = eng / hf
-            print(f"{name} (lengths {min(lengths)}-{max(lengths)}, mean {sum(lengths) / len(lengths):.0f}): "
-                  f"HF generate {hf:.0f} tokens/s, hetrl engine (vLLM) {eng:.0f} tokens/s, {eng / hf:.2f}x")
+            print(
+                f"{name} (lengths {min(lengths)}-{max(lengths)}, mean {sum(lengths) / len(lengths):.0f}): "
+                f"HF generate {hf:.0f} tokens/s, hetrl engine (vLLM) {eng:.0f} tokens/s, {eng / hf:.2f}x"
+            )
     print(f"rollout_throughput: {ratios['long-tail']:.2f}x (goal >=2x)")
 
 

@@ -32,9 +32,20 @@ STEPS = 4
 
 
 def _steps(root: Path, checkpoint: Path, seed: int, *overrides: str) -> list[dict]:
-    launch("recipe=tiny_moe_grpo", f"run.output_dir={root}", f"model.hf_checkpoint={checkpoint}", f"run.seed={seed}",
-           "warm_start.steps=0", f"run.steps={STEPS}", "eval.num_tasks=4", "eval.k=1", "monitor.rollout_store.enabled=false",
-           *overrides, what=f"tiny_moe_grpo {' '.join(overrides)}", timeout_s=RUN_TIMEOUT_S)
+    launch(
+        "recipe=tiny_moe_grpo",
+        f"run.output_dir={root}",
+        f"model.hf_checkpoint={checkpoint}",
+        f"run.seed={seed}",
+        "warm_start.steps=0",
+        f"run.steps={STEPS}",
+        "eval.num_tasks=4",
+        "eval.k=1",
+        "monitor.rollout_store.enabled=false",
+        *overrides,
+        what=f"tiny_moe_grpo {' '.join(overrides)}",
+        timeout_s=RUN_TIMEOUT_S,
+    )
     return [json.loads(line) for line in (root / "tiny_moe_grpo" / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -47,16 +58,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             checkpoint = build_random_hf_checkpoint(model, Path(tmp) / f"hf{seed}", seed=seed, init_std=0.1)
-            off = _steps(Path(tmp) / f"off{seed}", checkpoint, seed, "rollout.routing_replay=false", "rollout.return_routing=true")
+            off = _steps(
+                Path(tmp) / f"off{seed}",
+                checkpoint,
+                seed,
+                "rollout.routing_replay=false",
+                "rollout.return_routing=true",
+            )
             on = _steps(Path(tmp) / f"on{seed}", checkpoint, seed)
             k3_off = statistics.median(s["mismatch/k3_kl"] for s in off)
             k3_on = statistics.median(s["mismatch/k3_kl"] for s in on)
             disagree = statistics.median(s["routing/disagree_frac"] for s in off)
-            step_s = statistics.median(s["time/step"] for s in off[1:]), statistics.median(s["time/step"] for s in on[1:])
+            step_s = (
+                statistics.median(s["time/step"] for s in off[1:]),
+                statistics.median(s["time/step"] for s in on[1:]),
+            )
             factors.append(k3_off / k3_on)
-            print(f"seed {seed}: routing disagreement {disagree:.2%} of (token, layer) pairs; mismatch/k3_kl without replay "
-                  f"{k3_off:.3g}, with {k3_on:.3g} ({k3_off / k3_on:.1f}x); max |dlogp| {max(s['mismatch/max_abs_logprob_diff'] for s in off):.3f} "
-                  f"-> {max(s['mismatch/max_abs_logprob_diff'] for s in on):.3f}; step {step_s[0]:.2f} s -> {step_s[1]:.2f} s", flush=True)
+            print(
+                f"seed {seed}: routing disagreement {disagree:.2%} of (token, layer) pairs; mismatch/k3_kl without "
+                f"replay "
+                f"{k3_off:.3g}, with {k3_on:.3g} ({k3_off / k3_on:.1f}x); max |dlogp| "
+                f"{max(s['mismatch/max_abs_logprob_diff'] for s in off):.3f} "
+                f"-> {max(s['mismatch/max_abs_logprob_diff'] for s in on):.3f}; step {step_s[0]:.2f} s -> "
+                f"{step_s[1]:.2f} s",
+                flush=True,
+            )
     print(f"routing_replay: {statistics.median(factors):.1f}x lower mismatch (goal >= 10x)")
 
 

@@ -28,10 +28,22 @@ from _launch import launch
 STEPS = 10
 RUN_TIMEOUT_S = 900  # a run takes ~1 min; the liveness watchdog ends a hung one sooner (tiny_grpo: 120 s)
 WORKLOAD = [
-    f"run.steps={STEPS}", "warm_start.steps=0", "eval.num_tasks=4", "run.prompts_per_step=8", "algorithm.group_size=8",
-    "rollout.placement=disaggregated", "rollout.max_tokens=96", "env.max_episode_tokens=200", "rollout.partial_rollout=true",
-    "run.threads_per_process=1", "monitor.rollout_store.enabled=false", "checkpoint.every=0", "trainer.micro_batch_size=64",
-    "trainer.lr=1e-12", "model.hidden_size=128", "model.ffn_hidden_size=256",
+    f"run.steps={STEPS}",
+    "warm_start.steps=0",
+    "eval.num_tasks=4",
+    "run.prompts_per_step=8",
+    "algorithm.group_size=8",
+    "rollout.placement=disaggregated",
+    "rollout.max_tokens=96",
+    "env.max_episode_tokens=200",
+    "rollout.partial_rollout=true",
+    "run.threads_per_process=1",
+    "monitor.rollout_store.enabled=false",
+    "checkpoint.every=0",
+    "trainer.micro_batch_size=64",
+    "trainer.lr=1e-12",
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=256",
 ]
 SCHEDULES = {
     "sync": ["schedule.type=sync"],
@@ -41,8 +53,15 @@ SCHEDULES = {
 
 
 def run(schedule: str, out: Path) -> list[dict]:
-    launch("recipe=tiny_grpo", f"run.output_dir={out}", f"run.name={schedule}", *WORKLOAD, *SCHEDULES[schedule],
-           what=f"{schedule} run (see {out / schedule})", timeout_s=RUN_TIMEOUT_S)
+    launch(
+        "recipe=tiny_grpo",
+        f"run.output_dir={out}",
+        f"run.name={schedule}",
+        *WORKLOAD,
+        *SCHEDULES[schedule],
+        what=f"{schedule} run (see {out / schedule})",
+        timeout_s=RUN_TIMEOUT_S,
+    )
     return [json.loads(line) for line in (out / schedule / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -58,7 +77,10 @@ def main() -> None:
     bound = max(generate, train)
     for name in SCHEDULES:
         print(f"{name:>13}: {step[name]:.2f} s/step (speedup over sync {step['sync'] / step[name]:.2f}x)")
-    print(f"sync phases: generate {generate:.2f} s, train {train:.2f} s; async / max(generate, train) = {step['async'] / bound:.2f} (goal <= 1.15)")
+    print(
+        f"sync phases: generate {generate:.2f} s, train {train:.2f} s; async / max(generate, train) = "
+        f"{step['async'] / bound:.2f} (goal <= 1.15)"
+    )
     print(f"schedules: {step['sync'] / step['async']:.2f}x (goal >= 1.6x)")
 
 

@@ -24,8 +24,15 @@ import warnings
 import torch
 
 SEQS, PROMPT, COMPLETION = 8, 32, 96
-MODEL = dict(vocab_size=8192, hidden_size=256, num_layers=8, num_attention_heads=8, num_query_groups=4,
-             ffn_hidden_size=688, max_position_embeddings=256)
+MODEL = dict(
+    vocab_size=8192,
+    hidden_size=256,
+    num_layers=8,
+    num_attention_heads=8,
+    num_query_groups=4,
+    ffn_hidden_size=688,
+    max_position_embeddings=256,
+)
 
 
 def make_samples():
@@ -35,9 +42,18 @@ def make_samples():
     out = []
     for i in range(SEQS):
         ids = torch.randint(1, MODEL["vocab_size"], (PROMPT + COMPLETION,), generator=gen).tolist()
-        out.append(Sample(sample_id=f"s{i}", group_id=f"g{i // 4}", task_name="bench", prompt_ids=ids[:PROMPT],
-                          completion_ids=ids[PROMPT:], loss_mask=[1] * COMPLETION, logprobs=[-2.0] * COMPLETION,
-                          versions=[0] * COMPLETION))
+        out.append(
+            Sample(
+                sample_id=f"s{i}",
+                group_id=f"g{i // 4}",
+                task_name="bench",
+                prompt_ids=ids[:PROMPT],
+                completion_ids=ids[PROMPT:],
+                loss_mask=[1] * COMPLETION,
+                logprobs=[-2.0] * COMPLETION,
+                versions=[0] * COMPLETION,
+            )
+        )
     return out
 
 
@@ -47,8 +63,12 @@ def build_contender(samples, advantages):
     from hetrl.config.trainer import TrainerConfig
     from hetrl.trainer.policy import PolicyTrainer
 
-    trainer = PolicyTrainer(ModelConfig(arch="llama", **MODEL), TrainerConfig(precision="fp32", lr=1e-5, micro_batch_size=SEQS),
-                            AlgorithmConfig(name="grpo", group_size=4, is_correction="none"), with_reference=False)
+    trainer = PolicyTrainer(
+        ModelConfig(arch="llama", **MODEL),
+        TrainerConfig(precision="fp32", lr=1e-5, micro_batch_size=SEQS),
+        AlgorithmConfig(name="grpo", group_size=4, is_correction="none"),
+        with_reference=False,
+    )
     batch = trainer.make_batch(samples).with_advantages(torch.as_tensor(advantages))
     old = trainer.compute_logprobs(batch)
     num_params = sum(p.numel() for p in trainer.module.parameters())
@@ -58,15 +78,23 @@ def build_contender(samples, advantages):
 def build_baseline(samples, advantages):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=MODEL["vocab_size"], hidden_size=MODEL["hidden_size"], intermediate_size=MODEL["ffn_hidden_size"],
-                         num_hidden_layers=MODEL["num_layers"], num_attention_heads=MODEL["num_attention_heads"],
-                         num_key_value_heads=MODEL["num_query_groups"], max_position_embeddings=MODEL["max_position_embeddings"],
-                         rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=MODEL["vocab_size"],
+        hidden_size=MODEL["hidden_size"],
+        intermediate_size=MODEL["ffn_hidden_size"],
+        num_hidden_layers=MODEL["num_layers"],
+        num_attention_heads=MODEL["num_attention_heads"],
+        num_key_value_heads=MODEL["num_query_groups"],
+        max_position_embeddings=MODEL["max_position_embeddings"],
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(config).float().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.tensor([s.prompt_ids + s.completion_ids for s in samples])
     mask = torch.zeros(SEQS, PROMPT + COMPLETION - 1)
-    mask[:, PROMPT - 1:] = 1.0
+    mask[:, PROMPT - 1 :] = 1.0
     adv = torch.as_tensor(advantages)[:, None]
     with torch.no_grad():
         old = torch.log_softmax(model(tokens).logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
@@ -93,7 +121,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="measured steps per side (after one warm-up step)")
     args = parser.parse_args()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0", WORLD_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0", WORLD_SIZE="1"
+    )
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     samples = make_samples()
@@ -101,7 +131,10 @@ def main() -> None:
     contender, n_contender = build_contender(samples, advantages)
     baseline, n_baseline = build_baseline(samples, advantages)
     tokens = SEQS * (PROMPT + COMPLETION)
-    print(f"params: megatron {n_contender / 1e6:.2f}M, torch {n_baseline / 1e6:.2f}M; batch {SEQS} x {PROMPT + COMPLETION} tokens, fp32, 1 thread")
+    print(
+        f"params: megatron {n_contender / 1e6:.2f}M, torch {n_baseline / 1e6:.2f}M; batch {SEQS} x "
+        f"{PROMPT + COMPLETION} tokens, fp32, 1 thread"
+    )
     timed(contender), timed(baseline)  # warm-up
     times_c, times_b = [], []
     for _ in range(args.steps):

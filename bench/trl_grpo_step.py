@@ -42,19 +42,25 @@ sys.path[:] = [str(ROOT / "src"), *(p for p in sys.path if Path(p or ".").resolv
 
 from hetrl.config.loader import load_config  # noqa: E402
 from hetrl.config.schema import HetrlConfig  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.trainer.advantages import overlong_penalty  # noqa: E402
-from hetrl.records import Sample  # noqa: E402
 
 
 def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     """TRL's GRPOConfig for the recipe's GRPO step; refuses recipe settings the mapping does not cover."""
     algo, trainer, rollout = cfg.algorithm, cfg.trainer, cfg.rollout
-    unmapped = {"algorithm.advantage": algo.resolved_advantage != "grpo", "algorithm.loss_aggregation": algo.resolved_loss_aggregation != "token-mean",
-                "algorithm.dynamic_sampling": algo.resolved_dynamic_sampling, "algorithm.kl_in_reward": algo.kl_in_reward,
-                "algorithm.entropy_coef": algo.entropy_coef != 0, "algorithm.dual_clip": algo.dual_clip is not None,
-                "trainer.lr_decay_style": trainer.lr_decay_style != "constant",
-                "trainer.updates_per_batch": trainer.updates_per_batch != 1, "rollout.stop": bool(rollout.stop)}
+    unmapped = {
+        "algorithm.advantage": algo.resolved_advantage != "grpo",
+        "algorithm.loss_aggregation": algo.resolved_loss_aggregation != "token-mean",
+        "algorithm.dynamic_sampling": algo.resolved_dynamic_sampling,
+        "algorithm.kl_in_reward": algo.kl_in_reward,
+        "algorithm.entropy_coef": algo.entropy_coef != 0,
+        "algorithm.dual_clip": algo.dual_clip is not None,
+        "trainer.lr_decay_style": trainer.lr_decay_style != "constant",
+        "trainer.updates_per_batch": trainer.updates_per_batch != 1,
+        "rollout.stop": bool(rollout.stop),
+    }
     if any(unmapped.values()):
         raise SystemExit(f"trl_grpo_step: no TRL mapping for {[key for key, bad in unmapped.items() if bad]}")
     samples = cfg.run.prompts_per_step * algo.group_size
@@ -64,17 +70,37 @@ def grpo_config(cfg: HetrlConfig, out: Path) -> GRPOConfig:
     if samples % micro:
         raise SystemExit(f"trl_grpo_step: {samples} samples a step do not split into TRL micro-batches of {micro}")
     return GRPOConfig(
-        output_dir=str(out / "trainer"), use_cpu=True, bf16=trainer.precision == "bf16", gradient_checkpointing=trainer.recompute_activations,
-        max_steps=cfg.run.steps, seed=cfg.run.seed, shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step
-        per_device_train_batch_size=micro, gradient_accumulation_steps=samples // micro,
-        num_generations=algo.group_size, max_completion_length=rollout.max_tokens, temperature=rollout.temperature,
-        top_p=rollout.top_p, top_k=max(rollout.top_k, 0),
-        learning_rate=trainer.lr, warmup_steps=trainer.lr_warmup_steps, weight_decay=trainer.weight_decay,
-        adam_beta1=trainer.adam_beta1, adam_beta2=trainer.adam_beta2, adam_epsilon=trainer.adam_eps, max_grad_norm=trainer.grad_clip,
-        beta=algo.kl_coef, epsilon=algo.clip_low, epsilon_high=algo.resolved_clip_high,
+        output_dir=str(out / "trainer"),
+        use_cpu=True,
+        bf16=trainer.precision == "bf16",
+        gradient_checkpointing=trainer.recompute_activations,
+        max_steps=cfg.run.steps,
+        seed=cfg.run.seed,
+        shuffle_dataset=False,  # hetrl's stream order, 16 prompts a step
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=samples // micro,
+        num_generations=algo.group_size,
+        max_completion_length=rollout.max_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=max(rollout.top_k, 0),
+        learning_rate=trainer.lr,
+        warmup_steps=trainer.lr_warmup_steps,
+        weight_decay=trainer.weight_decay,
+        adam_beta1=trainer.adam_beta1,
+        adam_beta2=trainer.adam_beta2,
+        adam_epsilon=trainer.adam_eps,
+        max_grad_norm=trainer.grad_clip,
+        beta=algo.kl_coef,
+        epsilon=algo.clip_low,
+        epsilon_high=algo.resolved_clip_high,
         loss_type="dapo",  # token-mean over the whole step, as hetrl's token-mean with the step's token count
-        scale_rewards="group", num_iterations=1,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+        scale_rewards="group",
+        num_iterations=1,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
     )
 
 
@@ -89,10 +115,22 @@ def hetrl_reward(cfg: HetrlConfig, tokenizer, rubric_means: list[float]):
 
     def reward(prompts, completions, completion_ids, answer, **_) -> list[float]:
         # hetrl's completion_text: the sampled ids decoded with special tokens kept (env.runner / ChatCodec)
-        samples = [Sample(f"trl{i}", f"trl{i}", "trl", [], ids, [1] * len(ids), [0.0] * len(ids), [0] * len(ids),
-                          finish_reason="stop" if ids and ids[-1] == tokenizer.eos_token_id else "length",
-                          completion_text=tokenizer.decode(ids, skip_special_tokens=False), answer=ref)
-                   for i, (ids, ref) in enumerate(zip(completion_ids, answer, strict=True))]
+        samples = [
+            Sample(
+                f"trl{i}",
+                f"trl{i}",
+                "trl",
+                [],
+                ids,
+                [1] * len(ids),
+                [0.0] * len(ids),
+                [0] * len(ids),
+                finish_reason="stop" if ids and ids[-1] == tokenizer.eos_token_id else "length",
+                completion_text=tokenizer.decode(ids, skip_special_tokens=False),
+                answer=ref,
+            )
+            for i, (ids, ref) in enumerate(zip(completion_ids, answer, strict=True))
+        ]
         scores = torch.tensor([rubric.score(sample).total for sample in samples])
         rubric_means.append(scores.mean().item())
         lengths = torch.tensor([len(ids) for ids in completion_ids])
@@ -108,9 +146,13 @@ def load_tasks(path: Path, tokenizer) -> Dataset:
     """The dumped prompts as a conversational dataset; fails if TRL would tokenise them differently from hetrl."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for row in rows:
-        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
         if list(ids) != row["prompt_ids"]:
-            raise SystemExit(f"trl_grpo_step: TRL tokenises {row['prompt']!r} as {list(ids)}, hetrl as {row['prompt_ids']}")
+            raise SystemExit(
+                f"trl_grpo_step: TRL tokenises {row['prompt']!r} as {list(ids)}, hetrl as {row['prompt_ids']}"
+            )
     return Dataset.from_list([{"prompt": row["prompt"], "answer": row["answer"]} for row in rows])
 
 
@@ -163,14 +205,23 @@ def main(argv: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     timer, rubric_means = StepTimer(), []
     trainer = HetrlScheduleGRPOTrainer(
-        model=str(checkpoint), reward_funcs=hetrl_reward(cfg, tokenizer, rubric_means), args=grpo_config(cfg, out),
-        train_dataset=load_tasks(tasks, tokenizer), processing_class=tokenizer, callbacks=[timer],
+        model=str(checkpoint),
+        reward_funcs=hetrl_reward(cfg, tokenizer, rubric_means),
+        args=grpo_config(cfg, out),
+        train_dataset=load_tasks(tasks, tokenizer),
+        processing_class=tokenizer,
+        callbacks=[timer],
         warmup_steps=cfg.trainer.lr_warmup_steps,
     )
     trainer.train()
     trainer.save_model(str(out / "model"))
-    timings = {"step_s": timer.step_s, "generate_s": trainer.generate_s, "reward": rubric_means,
-               "response_length": timer.response_length, "threads": torch.get_num_threads()}
+    timings = {
+        "step_s": timer.step_s,
+        "generate_s": trainer.generate_s,
+        "reward": rubric_means,
+        "response_length": timer.response_length,
+        "threads": torch.get_num_threads(),
+    }
     (out / "timings.json").write_text(json.dumps(timings, indent=1))
 
 

@@ -52,18 +52,34 @@ TRL_VENV = ROOT / ".bench" / "trl-venv"
 # torch first, alone: pip's config here serves the CPU wheel (as install.sh relies on); trl's own
 # requirements would otherwise be free to pull another build. math-verify, pydantic and pyyaml are
 # hetrl's reward and config code, which the TRL side imports; pinned to the project venv's versions.
-TRL_REQUIREMENTS = (["torch==2.13.0"], ["trl==1.16.0", "transformers==5.19.0", "math-verify==0.9.0", "pydantic==2.14.4", "pyyaml==6.0.4"])
+TRL_REQUIREMENTS = (
+    ["torch==2.13.0"],
+    ["trl==1.16.0", "transformers==5.19.0", "math-verify==0.9.0", "pydantic==2.14.4", "pyyaml==6.0.4"],
+)
 RUN_TIMEOUT_S = 900
 INSTALL_TIMEOUT_S = 1800  # each pip install of the TRL venv (torch's wheel is large)
 run = partial(_launch.run, timeout_s=RUN_TIMEOUT_S)
 launch = partial(_launch.launch, timeout_s=RUN_TIMEOUT_S)
 # tests/conftest.py's WARM_START: tiny_grpo's warm start, then the smallest RL step there is at a
 # learning rate that leaves the warm-started weights as they are (run.steps cannot be 0).
-WARM_START = ["run.name=warm_start", "run.steps=1", "run.prompts_per_step=1", "algorithm.group_size=2", "trainer.lr=1e-12",
-              "eval.num_tasks=1", "eval.k=1", "monitor.rollout_store.enabled=false"]
+WARM_START = [
+    "run.name=warm_start",
+    "run.steps=1",
+    "run.prompts_per_step=1",
+    "algorithm.group_size=2",
+    "trainer.lr=1e-12",
+    "eval.num_tasks=1",
+    "eval.k=1",
+    "monitor.rollout_store.enabled=false",
+]
 # ~44M parameters with tiny_llama's 128-token vocabulary: 8 x (0.79M attention + 4.72M MLP) + 0.13M.
-MODEL_44M = ["model.hidden_size=512", "model.num_layers=8", "model.num_attention_heads=8", "model.num_query_groups=4",
-             "model.ffn_hidden_size=3072"]
+MODEL_44M = [
+    "model.hidden_size=512",
+    "model.num_layers=8",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=4",
+    "model.ffn_hidden_size=3072",
+]
 # Timing only: the loop's own evals kept small, and (as in bench/schedules.py) a learning rate at which
 # the compute is real but the policy does not move. At 5e-4 the overlong penalty taught the random
 # init to stop after ~3 tokens within one step, and the rest of the run generated next to nothing.
@@ -81,11 +97,18 @@ def trl_python() -> Path:
     wanted = json.dumps(TRL_REQUIREMENTS)
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
-    print(f"vs_trl: creating the TRL venv at {TRL_VENV} ({', '.join(sum(TRL_REQUIREMENTS, []))}; a few minutes)", flush=True)
+    print(
+        f"vs_trl: creating the TRL venv at {TRL_VENV} ({', '.join(sum(TRL_REQUIREMENTS, []))}; a few minutes)",
+        flush=True,
+    )
     what = f"vs_trl: creating the TRL venv at {TRL_VENV}"
     run([sys.executable, "-m", "venv", "--clear", str(TRL_VENV)], what, timeout_s=INSTALL_TIMEOUT_S)
     for group in TRL_REQUIREMENTS:
-        run([str(python), "-m", "pip", "install", "-q", *group], f"{what}: pip install {' '.join(group)}", timeout_s=INSTALL_TIMEOUT_S)
+        run(
+            [str(python), "-m", "pip", "install", "-q", *group],
+            f"{what}: pip install {' '.join(group)}",
+            timeout_s=INSTALL_TIMEOUT_S,
+        )
     stamp.write_text(wanted)
     return python
 
@@ -118,7 +141,9 @@ def dump_training_prompts(overrides: list[str], checkpoint: Path, path: Path) ->
     with path.open("w") as f:
         for task, seed in stream.take(cfg.run.steps * cfg.run.prompts_per_step):
             messages = asyncio.run(env.reset(task, seed))
-            f.write(json.dumps({"prompt": messages, "prompt_ids": codec.prompt_ids(messages), "answer": task.answer}) + "\n")
+            f.write(
+                json.dumps({"prompt": messages, "prompt_ids": codec.prompt_ids(messages), "answer": task.answer}) + "\n"
+            )
 
 
 def run_hetrl(overrides: list[str], out: Path, name: str) -> tuple[Path, list[dict]]:
@@ -133,14 +158,25 @@ def run_trl(python: Path, checkpoint: Path, overrides: list[str], out: Path) -> 
     tasks = out / "tasks.jsonl"
     out.mkdir(parents=True)
     dump_training_prompts(overrides, checkpoint, tasks)
-    run([str(python), str(ROOT / "bench" / "trl_grpo_step.py"), str(checkpoint), str(tasks), str(out), *overrides],
-        f"TRL run {out.name}", env={"OMP_NUM_THREADS": str(os.cpu_count())})
+    run(
+        [str(python), str(ROOT / "bench" / "trl_grpo_step.py"), str(checkpoint), str(tasks), str(out), *overrides],
+        f"TRL run {out.name}",
+        env={"OMP_NUM_THREADS": str(os.cpu_count())},
+    )
     return out / "model", json.loads((out / "timings.json").read_text())
 
 
 def held_out_reward(checkpoint: Path, overrides: list[str], out: Path) -> float:
     """``launch.py eval``'s mean reward of ``checkpoint`` on the held-out tasks of the run ``overrides`` describe."""
-    launch("eval", "recipe=tiny_grpo", f"checkpoint={checkpoint}", *overrides, "--out", str(out), what=f"eval of {checkpoint}")
+    launch(
+        "eval",
+        "recipe=tiny_grpo",
+        f"checkpoint={checkpoint}",
+        *overrides,
+        "--out",
+        str(out),
+        what=f"eval of {checkpoint}",
+    )
     return json.loads(out.read_text())["mean_reward"]
 
 
@@ -151,25 +187,44 @@ def after_warm_up(values: list[float]) -> float:
     """The median of a run's second half: its steady state. The first half is warm-up: on the 44M model
     hetrl's ranks take ~5 steps to settle (their heaps stop growing: forward-backward 7.8 -> 6.6 s, the
     weight hand-over 0.59 -> 0.17 s), while TRL's steps are flat from the second on."""
-    return statistics.median(values[max(1, len(values) // 2):])
+    return statistics.median(values[max(1, len(values) // 2) :])
 
 
 def side(steps: list[float], generate: list[float], lengths: list[float], rewards: list[float]) -> dict:
     """One side's steady-state medians, its step times and training reward by step, and the load it ran under."""
-    return {"step": after_warm_up(steps), "generate": after_warm_up(generate), "length": after_warm_up(lengths),
-            "steps": steps, "rewards": rewards, "load": os.getloadavg()[0]}
+    return {
+        "step": after_warm_up(steps),
+        "generate": after_warm_up(generate),
+        "length": after_warm_up(lengths),
+        "steps": steps,
+        "rewards": rewards,
+        "load": os.getloadavg()[0],
+    }
 
 
 def time_both(python: Path, checkpoint: Path | None, overrides: list[str], out: Path, seed: int) -> dict:
     """One seed of both sides on one configuration. With no ``checkpoint``, hetrl starts from a random
     init and TRL from that same init (the hetrl run's initial_model)."""
-    overrides = [*overrides, *([f"model.hf_checkpoint={checkpoint}"] if checkpoint else []), "warm_start.steps=0", f"run.seed={seed}"]
+    overrides = [
+        *overrides,
+        *([f"model.hf_checkpoint={checkpoint}"] if checkpoint else []),
+        "warm_start.steps=0",
+        f"run.seed={seed}",
+    ]
     run_dir, metrics = run_hetrl(overrides, out, f"hetrl_s{seed}")
     steps = [m for m in metrics if "time/step" in m]
-    hetrl = side(*([m[key] for m in steps] for key in ("time/step", "time/generate", "response_length/mean", "reward/mean")))
+    hetrl = side(
+        *([m[key] for m in steps] for key in ("time/step", "time/generate", "response_length/mean", "reward/mean"))
+    )
     trl_model, trl = run_trl(python, checkpoint or run_dir / "initial_model", overrides, out / f"trl_s{seed}")
-    return {"seed": seed, "overrides": overrides, "run_dir": run_dir, "trl_model": trl_model, "hetrl": hetrl,
-            "TRL": side(trl["step_s"], trl["generate_s"], trl["response_length"], trl["reward"])}
+    return {
+        "seed": seed,
+        "overrides": overrides,
+        "run_dir": run_dir,
+        "trl_model": trl_model,
+        "hetrl": hetrl,
+        "TRL": side(trl["step_s"], trl["generate_s"], trl["response_length"], trl["reward"]),
+    }
 
 
 def report_timing(label: str, results: list[dict]) -> float:
@@ -179,13 +234,21 @@ def report_timing(label: str, results: list[dict]) -> float:
         median = {key: statistics.median(r[name][key] for r in results) for key in ("step", "generate", "length")}
         step[name] = median["step"]
         loads = " ".join(f"{r[name]['load']:.1f}" for r in results)
-        print(f"{label} {name:>5}: {median['step']:.2f} s/step (generate {median['generate']:.2f} s, the rest "
-              f"{median['step'] - median['generate']:.2f} s; {median['length']:.1f} tokens a response; "
-              f"load {loads} after its runs)")
+        print(
+            f"{label} {name:>5}: {median['step']:.2f} s/step (generate {median['generate']:.2f} s, the rest "
+            f"{median['step'] - median['generate']:.2f} s; {median['length']:.1f} tokens a response; "
+            f"load {loads} after its runs)"
+        )
     for r in results:
         for name in ("hetrl", "TRL"):
-            print(f"{label} step time by step, seed {r['seed']}, {name:>5}: {' '.join(f'{x:.2f}' for x in r[name]['steps'])}")
-            print(f"{label} training reward by step, seed {r['seed']}, {name:>5}: {' '.join(f'{x:.2f}' for x in r[name]['rewards'])}")
+            print(
+                f"{label} step time by step, seed {r['seed']}, {name:>5}: "
+                f"{' '.join(f'{x:.2f}' for x in r[name]['steps'])}"
+            )
+            print(
+                f"{label} training reward by step, seed {r['seed']}, {name:>5}: "
+                f"{' '.join(f'{x:.2f}' for x in r[name]['rewards'])}"
+            )
     return step["TRL"] / step["hetrl"]
 
 
@@ -199,34 +262,56 @@ def report_eval(results: list[dict], checkpoint: Path, out: Path) -> None:
     before = statistics.median(scores["initial"])
     for name in ("hetrl", "TRL"):
         per_seed = " ".join(f"{x:.3f}" for x in scores[name])
-        print(f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after {statistics.median(scores[name]):.3f} "
-              f"(by seed: {per_seed})")
+        print(
+            f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after "
+            f"{statistics.median(scores[name]):.3f} "
+            f"(by seed: {per_seed})"
+        )
     differences = [h - t for h, t in zip(scores["hetrl"], scores["TRL"], strict=True)]
     if len(differences) >= MIN_SEEDS_FOR_VERDICT:
         mean, se = statistics.mean(differences), statistics.stdev(differences) / len(differences) ** 0.5
         verdict = "on par" if abs(mean) <= 2 * se else ("hetrl higher" if mean > 0 else "hetrl lower")
-        print(f"held-out hetrl - TRL, paired by seed: {mean:+.3f} +- {se:.3f} (standard error, {len(differences)} seeds): {verdict}")
+        print(
+            f"held-out hetrl - TRL, paired by seed: {mean:+.3f} +- {se:.3f} (standard error, {len(differences)} "
+            f"seeds): {verdict}"
+        )
     else:
-        print(f"held-out hetrl - TRL, paired by seed: {' '.join(f'{d:+.3f}' for d in differences)} "
-              f"(--seeds {MIN_SEEDS_FOR_VERDICT} or more for a verdict: seeds differ by ~0.03 in either direction)")
+        print(
+            f"held-out hetrl - TRL, paired by seed: {' '.join(f'{d:+.3f}' for d in differences)} "
+            f"(--seeds {MIN_SEEDS_FOR_VERDICT} or more for a verdict: seeds differ by ~0.03 in either direction)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15, help="RL steps per run on tiny_grpo (timed: the second half)")
-    parser.add_argument("--seeds", type=int, default=1, help="runs of each side (run.seed 0, 1, ...); medians over them")
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="runs of each side (run.seed 0, 1, ...); medians over them"
+    )
     parser.add_argument("--large", action="store_true", help="also time the ~44M-parameter model (no eval)")
-    parser.add_argument("--large-steps", type=int, default=8, help="RL steps per run on the ~44M model (timed: the second half)")
+    parser.add_argument(
+        "--large-steps", type=int, default=8, help="RL steps per run on the ~44M model (timed: the second half)"
+    )
     parser.add_argument("--large-seeds", type=int, default=2, help="runs of each side on the ~44M model (timing only)")
-    parser.add_argument("--large-precision", choices=("auto", "bf16", "fp32"), default="auto",
-                        help="both sides' precision on the ~44M model; auto: bf16 where the CPU multiplies bf16 natively")
+    parser.add_argument(
+        "--large-precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="both sides' precision on the ~44M model; auto: bf16 where the CPU multiplies bf16 natively",
+    )
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="hetrl-bench-vs-trl-"))
-    print(f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores", flush=True)
+    print(
+        f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} "
+        f"cores",
+        flush=True,
+    )
     python = trl_python()
 
     checkpoint = initial_checkpoint(out)
-    small = [time_both(python, checkpoint, [f"run.steps={args.steps}"], out / "tiny", seed) for seed in range(args.seeds)]
+    small = [
+        time_both(python, checkpoint, [f"run.steps={args.steps}"], out / "tiny", seed) for seed in range(args.seeds)
+    ]
     ratio = report_timing("tiny_grpo", small)
     report_eval(small, checkpoint, out)
     if args.large:
@@ -235,8 +320,16 @@ def main() -> None:
             from hetrl.trainer.parallel import cpu_has_native_bf16
 
             precision = "bf16" if cpu_has_native_bf16() else "fp32"
-        large = [time_both(python, None, [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING, f"trainer.precision={precision}"],
-                           out / "44m", seed) for seed in range(args.large_seeds)]
+        large = [
+            time_both(
+                python,
+                None,
+                [f"run.steps={args.large_steps}", *MODEL_44M, *LARGE_TIMING, f"trainer.precision={precision}"],
+                out / "44m",
+                seed,
+            )
+            for seed in range(args.large_seeds)
+        ]
         print(f"vs_trl_44m: {report_timing(f'44M {precision}', large):.2f}x ({precision} on both sides; goal >= 2x)")
     print(f"vs_trl: {ratio:.2f}x (goal >= 1.0x)")
 

@@ -39,7 +39,9 @@ class GlooPair:
         port, holder = free_port(), {}
         thread = threading.Thread(target=lambda: holder.update(group=init_weight_sync_group("127.0.0.1", port, 0, 2)))
         thread.start()
-        self.receiver = build_weight_receiver("collective", group=init_weight_sync_group("127.0.0.1", port, 1, 2), verify=verify)
+        self.receiver = build_weight_receiver(
+            "collective", group=init_weight_sync_group("127.0.0.1", port, 1, 2), verify=verify
+        )
         thread.join()
         self.sender = build_weight_sender("collective", group=holder["group"], verify=verify)
 
@@ -64,9 +66,8 @@ def median_time(fn, repeats: int) -> float:
 
 
 def rollout_model_state(tmp: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     import rollout_throughput
+    from safetensors.torch import load_file
 
     from hetrl.models.hf import build_random_hf_checkpoint
 
@@ -111,7 +112,9 @@ def many_small(pair: GlooPair, repeats: int) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--apply", action="store_true", help="also time the engine-side swap (starts a vLLM engine, ~20 s)")
+    parser.add_argument(
+        "--apply", action="store_true", help="also time the engine-side swap (starts a vLLM engine, ~20 s)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     pair = GlooPair()
@@ -119,15 +122,19 @@ def main() -> None:
         path, state = rollout_model_state(Path(tmp))
         num_bytes = sum(t.numel() * t.element_size() for t in state.values())
         sync_s, copy_s, staged = whole_model(pair, state, args.repeats)
-        print(f"whole model: {len(state)} tensors, {num_bytes / 2**20:.0f} MiB; gloo push {sync_s * 1e3:.0f} ms "
-              f"({num_bytes / sync_s / 2**30:.2f} GiB/s), in-memory copy {copy_s * 1e3:.0f} ms")
+        print(
+            f"whole model: {len(state)} tensors, {num_bytes / 2**20:.0f} MiB; gloo push {sync_s * 1e3:.0f} ms "
+            f"({num_bytes / sync_s / 2**30:.2f} GiB/s), in-memory copy {copy_s * 1e3:.0f} ms"
+        )
         verify_s = GlooPair(verify=True).push(state, 16 << 20, 99)[0]
         print(f"with verify (CRC32 both sides): {verify_s * 1e3:.0f} ms")
         if args.apply:
             print(f"engine swap (reload_weights + prefix-cache reset): {apply_time(path, staged) * 1e3:.0f} ms")
     bucketed, per_tensor, count = many_small(pair, args.repeats)
-    print(f"many small tensors ({count} x 4 KiB): bucketed {bucketed * 1e3:.0f} ms, per-tensor {per_tensor * 1e3:.0f} ms "
-          f"({per_tensor / bucketed:.1f}x slower)")
+    print(
+        f"many small tensors ({count} x 4 KiB): bucketed {bucketed * 1e3:.0f} ms, per-tensor {per_tensor * 1e3:.0f} ms "
+        f"({per_tensor / bucketed:.1f}x slower)"
+    )
     print(f"weight_sync: {sync_s / copy_s:.2f}x in-memory copy (goal <=3x)")
 
 

@@ -17,11 +17,21 @@ LAUNCH_TIMEOUT_S = 600
 # tiny_grpo's own warm start (32 supervised steps: the policy then answers in <answer></answer>
 # tags, so rewards vary within a group). run.steps cannot be 0: the one RL step it must take is
 # the smallest there is, at a learning rate that leaves the warm-started weights as they are.
-WARM_START = ["run.name=warm_start", "run.steps=1", "run.prompts_per_step=1", "algorithm.group_size=2", "trainer.lr=1e-12",
-              "eval.num_tasks=1", "eval.k=1", "monitor.rollout_store.enabled=false"]
+WARM_START = [
+    "run.name=warm_start",
+    "run.steps=1",
+    "run.prompts_per_step=1",
+    "algorithm.group_size=2",
+    "trainer.lr=1e-12",
+    "eval.num_tasks=1",
+    "eval.k=1",
+    "monitor.rollout_store.enabled=false",
+]
 
 
-def launch_tiny_grpo(output_dir: Path, *overrides: str, timeout_s: float = LAUNCH_TIMEOUT_S, recipe: str = "tiny_grpo") -> None:
+def launch_tiny_grpo(
+    output_dir: Path, *overrides: str, timeout_s: float = LAUNCH_TIMEOUT_S, recipe: str = "tiny_grpo"
+) -> None:
     """Run ``launch.py recipe=tiny_grpo`` (or another tiny recipe) to completion; fail on an error or a hang.
 
     A run still going after ``timeout_s`` fails the test and leaves no process behind: the
@@ -29,8 +39,14 @@ def launch_tiny_grpo(output_dir: Path, *overrides: str, timeout_s: float = LAUNC
     different ones, as two of the same may reach its handler as one.
     """
     cmd = [sys.executable, str(ROOT / "launch.py"), f"recipe={recipe}", f"run.output_dir={output_dir}", *overrides]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -54,7 +70,12 @@ def warm_started_model(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("warm_started_model")
     launch_tiny_grpo(root, *WARM_START)
     hf_dir = root / "hf"
-    export = subprocess.run([sys.executable, str(ROOT / "launch.py"), "export", str(root / "warm_start"), f"out={hf_dir}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    export = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "export", str(root / "warm_start"), f"out={hf_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert export.returncode == 0, (export.stdout + export.stderr)[-5000:]
     return hf_dir

@@ -48,7 +48,8 @@ def select_rows(
     if worst is not None and best is not None:
         raise ValueError("--worst and --best are exclusive")
     out = [
-        r for r in rows
+        r
+        for r in rows
         if (step is None or r.step == step)
         and (task is None or r.task_name == task)
         and (flag is None or (bool(r.flags) if flag == "any" else flag in r.flags))
@@ -65,21 +66,34 @@ def select_rows(
 def _summary_table(rows: Sequence[RolloutRow]) -> Table:
     table = Table("step", "sample_id", "task", "reward", "len", "finish", "flags", title=f"{len(rows)} rollouts")
     for r in rows:
-        table.add_row(str(r.step), r.sample_id, r.task_name, f"{r.reward:.4g}", str(r.length), r.finish_reason, ",".join(r.flags))
+        table.add_row(
+            str(r.step), r.sample_id, r.task_name, f"{r.reward:.4g}", str(r.length), r.finish_reason, ",".join(r.flags)
+        )
     return table
 
 
 def token_table(record: RolloutRecord, max_tokens: int | None = None) -> Table:
     """Per-token engine vs trainer log-probs of one rollout; large differences in red."""
     s = record.sample
-    table = Table("pos", "token", "mask", "version", "engine_lp", "trainer_lp", "diff", title=f"tokens of {s.sample_id}")
+    table = Table(
+        "pos", "token", "mask", "version", "engine_lp", "trainer_lp", "diff", title=f"tokens of {s.sample_id}"
+    )
     diffs = token_log_ratio(s.logprobs, record.trainer_logprobs) if record.trainer_logprobs is not None else None
     limit = len(s.completion_ids) if max_tokens is None else min(max_tokens, len(s.completion_ids))
     for i in range(limit):
         trainer = "-" if diffs is None else f"{record.trainer_logprobs[i]:.5f}"
         diff = "-" if diffs is None else f"{diffs[i]:+.5f}"
         style = "bold red" if diffs is not None and s.loss_mask[i] and abs(diffs[i]) > _HIGHLIGHT_DIFF else None
-        table.add_row(str(i), str(s.completion_ids[i]), str(s.loss_mask[i]), str(s.versions[i]), f"{s.logprobs[i]:.5f}", trainer, diff, style=style)
+        table.add_row(
+            str(i),
+            str(s.completion_ids[i]),
+            str(s.loss_mask[i]),
+            str(s.versions[i]),
+            f"{s.logprobs[i]:.5f}",
+            trainer,
+            diff,
+            style=style,
+        )
     return table
 
 
@@ -98,17 +112,27 @@ def _image_sizes(record: RolloutRecord) -> list[str]:
     return ["{}x{}".format(*to_pil(image).size) for image in record.sample.images]
 
 
-def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tokens: int | None, image_dir: Path | None) -> None:
+def _print_record(
+    console: Console, record: RolloutRecord, tokens: bool, max_tokens: int | None, image_dir: Path | None
+) -> None:
     s = record.sample
     console.rule(f"step {record.step} · {s.sample_id} · task {s.task_name} · reward {s.reward:.4g}")
-    console.print(f"rewards: {s.rewards}  flags: {s.flags}  finish: {s.finish_reason}  turns: {s.num_turns}  tool calls: {s.num_tool_calls}")
+    console.print(
+        f"rewards: {s.rewards}  flags: {s.flags}  finish: {s.finish_reason}  turns: {s.num_turns}  tool calls: "
+        f"{s.num_tool_calls}"
+    )
     policy_versions = [v for v in s.versions if v >= 0]
-    console.print(f"weight versions: {min(policy_versions, default=-1)}..{max(policy_versions, default=-1)}  info: {json.dumps(s.info, default=repr)}")
+    console.print(
+        f"weight versions: {min(policy_versions, default=-1)}..{max(policy_versions, default=-1)}  info: "
+        f"{json.dumps(s.info, default=repr)}"
+    )
     console.print("[bold]prompt:[/bold]", s.prompt_text or s.prompt_ids, markup=True, highlight=False)
     console.print("[bold]completion:[/bold]", s.completion_text or s.completion_ids, markup=True, highlight=False)
     if s.images:
         where = [str(p) for p in save_images(record, image_dir)] if image_dir else ["--images DIR saves them"]
-        console.print(f"images: {len(s.images)} ({', '.join(_image_sizes(record))}): {', '.join(where)}", highlight=False)
+        console.print(
+            f"images: {len(s.images)} ({', '.join(_image_sizes(record))}): {', '.join(where)}", highlight=False
+        )
     if record.trainer_logprobs is not None:
         m = mismatch_metrics([s.logprobs], [record.trainer_logprobs], [s.loss_mask])
         console.print("mismatch: " + "  ".join(f"{k}={v:.4g}" for k, v in m.items()))
@@ -119,8 +143,14 @@ def _print_record(console: Console, record: RolloutRecord, tokens: bool, max_tok
 def record_json(record: RolloutRecord) -> dict:
     """A rollout as one JSON-ready dict (sample fields + step, trainer log-probs, per-token diff)."""
     s = record.sample
-    out = {"step": record.step, "file": record.file, "index": record.index, **vars(s), "trainer_logprobs": record.trainer_logprobs,
-           "images": _image_sizes(record)}  # their sizes: --images DIR writes the pictures
+    out = {
+        "step": record.step,
+        "file": record.file,
+        "index": record.index,
+        **vars(s),
+        "trainer_logprobs": record.trainer_logprobs,
+        "images": _image_sizes(record),
+    }  # their sizes: --images DIR writes the pictures
     if record.trainer_logprobs is not None:
         out["logprob_diff"] = np.round(token_log_ratio(s.logprobs, record.trainer_logprobs), 7).tolist()
     return out
@@ -141,7 +171,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=200, help="rows of the token table per sample (default 200)")
     p.add_argument("--limit", type=int, default=10, help="samples shown in full after the summary (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object per selected sample instead of tables")
-    p.add_argument("--images", type=Path, metavar="DIR", help="write the shown samples' images (screenshots, scenes) to DIR as PNG files")
+    p.add_argument(
+        "--images",
+        type=Path,
+        metavar="DIR",
+        help="write the shown samples' images (screenshots, scenes) to DIR as PNG files",
+    )
     return p
 
 
@@ -153,7 +188,9 @@ def main(argv: Sequence[str], out: IO[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    rows = select_rows(reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best)
+    rows = select_rows(
+        reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best
+    )
     if args.json:
         for record in reader.load(rows):
             if args.images:

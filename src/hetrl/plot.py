@@ -98,7 +98,9 @@ def plot_timeline(run_dir: str | Path, out_dir: str | Path | None = None, steps:
         return None
     start, end = windows[0][1][0], windows[-1][1][1]
     shown = [r for r in records if r.t1 >= start and r.t0 <= end and r.name != "step"]  # a step is the chart's frame
-    who_of_rank = {a.world_rank: f"{a.role}_{a.role_rank}" for a in Plan.from_json((run_dir / rundir.PLAN).read_text()).assignments}
+    who_of_rank = {
+        a.world_rank: f"{a.role}_{a.role_rank}" for a in Plan.from_json((run_dir / rundir.PLAN).read_text()).assignments
+    }
     rows = sorted({r.who for r in shown}, key=lambda who: (who != "orchestrator_0", who))
     row = {who: i for i, who in enumerate(rows)}
     phases = sorted({r.name for r in shown if r.source is None})
@@ -108,15 +110,26 @@ def plot_timeline(run_dir: str | Path, out_dir: str | Path | None = None, steps:
         if r.source is None:
             ax.barh(row[r.who], r.t1 - r.t0, left=r.t0 - start, height=0.6, color=colour[r.name], edgecolor="none")
         elif who_of_rank.get(r.source) in row:
-            ax.annotate("", xy=(r.t1 - start, row[r.who]), xytext=(r.t0 - start, row[who_of_rank[r.source]]),
-                        arrowprops={"arrowstyle": "->", "linewidth": 0.4, "alpha": 0.5, "color": "black"})
+            ax.annotate(
+                "",
+                xy=(r.t1 - start, row[r.who]),
+                xytext=(r.t0 - start, row[who_of_rank[r.source]]),
+                arrowprops={"arrowstyle": "->", "linewidth": 0.4, "alpha": 0.5, "color": "black"},
+            )
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_xlabel(f"seconds since the start of RL step {windows[0][0] + 1}")
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colour[name]) for name in phases], labels=phases,
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color=colour[name]) for name in phases],
+        labels=phases,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"{run_dir.name}: RL steps {windows[0][0] + 1}-{windows[-1][0] + 1} across ranks (arrows: control messages)")
+    fig.suptitle(
+        f"{run_dir.name}: RL steps {windows[0][0] + 1}-{windows[-1][0] + 1} across ranks (arrows: control messages)"
+    )
     fig.tight_layout()
     out = Path(out_dir) if out_dir is not None else run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -133,15 +146,22 @@ def where_a_step_goes(run_dir: str | Path) -> list[str]:
         return []
     lines = ["where a step goes (median per RL step after the first):"]
     lines += [f"  {seconds * 1000:9.1f} ms  {phase}" for phase, seconds in timeline.phase_medians(records).items()]
-    lines += [f"  {latency * 1000:9.2f} ms  x{count:<5.1f} {hop}" for hop, (latency, count) in timeline.hop_latencies(records).items()]
+    lines += [
+        f"  {latency * 1000:9.2f} ms  x{count:<5.1f} {hop}"
+        for hop, (latency, count) in timeline.hop_latencies(records).items()
+    ]
     return lines
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hetrl.plot", description="PNG plots of a run's metrics over steps, and of its timeline.")
+    parser = argparse.ArgumentParser(
+        prog="python -m hetrl.plot", description="PNG plots of a run's metrics over steps, and of its timeline."
+    )
     parser.add_argument("run", help="run directory (holds metrics.jsonl)")
     parser.add_argument("--out", help="output folder (default RUN/plots)")
-    parser.add_argument("--steps", type=int, default=3, help="RL steps the timeline's Gantt chart shows (the last ones)")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="RL steps the timeline's Gantt chart shows (the last ones)"
+    )
     args = parser.parse_args(list(argv))
     try:
         written = plot_run(args.run, args.out)

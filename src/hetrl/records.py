@@ -64,7 +64,9 @@ class GenerationResult:
 
 REWARD_METRICS_KEY = "reward_metrics"  # Sample.info key of the reward functions' per-sample metrics (name -> value)
 ENV_REWARD_KEY = "env"  # Sample.rewards key of the environment's own verdict (summed by the episode runner)
-ENV_WAIT_KEY = "env_wait_s"  # Sample.info key of the seconds the episode waited for an environment slot (env.concurrency)
+ENV_WAIT_KEY = (
+    "env_wait_s"  # Sample.info key of the seconds the episode waited for an environment slot (env.concurrency)
+)
 CONVERSATION_KEY = "messages"  # Sample.info key of the episode as chat messages, text only ({"role", "content"} each)
 
 
@@ -108,11 +110,15 @@ class Sample:
         lengths = {"loss_mask": len(self.loss_mask), "logprobs": len(self.logprobs), "versions": len(self.versions)}
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
-            raise ValueError(f"sample {self.sample_id}: per-token lists must have {n} entries (completion length), got {bad}")
+            raise ValueError(
+                f"sample {self.sample_id}: per-token lists must have {n} entries (completion length), got {bad}"
+            )
         rows = len(self.prompt_ids) + n - 1
         if self.routed_experts is not None and (self.routed_experts.ndim != 3 or self.routed_experts.shape[0] != rows):
-            raise ValueError(f"sample {self.sample_id}: routed_experts must be [{rows}, layers, top_k] (prompt + completion - 1 "
-                             f"tokens), got {tuple(self.routed_experts.shape)}")
+            raise ValueError(
+                f"sample {self.sample_id}: routed_experts must be [{rows}, layers, top_k] (prompt + completion - 1 "
+                f"tokens), got {tuple(self.routed_experts.shape)}"
+            )
 
     @property
     def min_version(self) -> int:

@@ -33,7 +33,16 @@ def test_defaults_compose_groups_and_body_wins():
 
 
 def test_overrides_typed_and_nested():
-    cfg = load_config("moe_grpo", ["nodes=128", "trainer.tensor_parallel=4", "rollout.placement=disaggregated", "rollout.stop=[a, b]", "cluster.account=proj1"])
+    cfg = load_config(
+        "moe_grpo",
+        [
+            "nodes=128",
+            "trainer.tensor_parallel=4",
+            "rollout.placement=disaggregated",
+            "rollout.stop=[a, b]",
+            "cluster.account=proj1",
+        ],
+    )
     assert cfg.nodes == 128 and cfg.trainer.tensor_parallel == 4
     assert cfg.rollout.placement == "disaggregated" and cfg.rollout.stop == ["a", "b"]
     assert cfg.cluster.account == "proj1"
@@ -163,6 +172,8 @@ def test_a_run_dir_written_with_the_removed_stalled_role_guard_still_validates()
 
 def test_engine_dtype_follows_the_trainer_unless_the_recipe_says():
     assert load_config("tiny_grpo").engine_dtype == "float32"
-    assert load_config("tiny_grpo", ["trainer.precision=bf16"]).engine_dtype == "bfloat16"  # bf16 runs on CPU profiles too
+    assert (
+        load_config("tiny_grpo", ["trainer.precision=bf16"]).engine_dtype == "bfloat16"
+    )  # bf16 runs on CPU profiles too
     assert load_config("dense_grpo").engine_dtype == "bfloat16"
     assert load_config("tiny_grpo", ["trainer.precision=bf16", "rollout.dtype=float32"]).engine_dtype == "float32"

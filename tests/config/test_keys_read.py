@@ -45,7 +45,10 @@ from hetrl.config.schema import HetrlConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "src" / "hetrl" / "config"
-READERS = [REPO / "launch.py", *(p for p in sorted((REPO / "src" / "hetrl").rglob("*.py")) if CONFIG_DIR not in p.parents)]
+READERS = [
+    REPO / "launch.py",
+    *(p for p in sorted((REPO / "src" / "hetrl").rglob("*.py")) if CONFIG_DIR not in p.parents),
+]
 
 # Unread keys this test found whose fix is not a wiring slip or lies in code others are changing:
 # key -> what would read it. Each is a bug to fix, not an exemption.
@@ -69,14 +72,20 @@ def _classes() -> dict[str, type[BaseModel]]:
     while todo:
         model = todo.pop()
         found[model.__name__] = model
-        todo += [sub for field in model.model_fields.values() if (sub := _section(field.annotation)) and sub.__name__ not in found]
+        todo += [
+            sub
+            for field in model.model_fields.values()
+            if (sub := _section(field.annotation)) and sub.__name__ not in found
+        ]
     return found
 
 
 CLASSES = _classes()
 # class name -> {section field -> class name of the section it holds}
-SECTIONS = {name: {field: sub.__name__ for field, info in model.model_fields.items() if (sub := _section(info.annotation))}
-            for name, model in CLASSES.items()}
+SECTIONS = {
+    name: {field: sub.__name__ for field, info in model.model_fields.items() if (sub := _section(info.annotation))}
+    for name, model in CLASSES.items()
+}
 
 
 def leaf_keys() -> dict[str, list[tuple[str, str]]]:
@@ -160,9 +169,15 @@ class _Module:
         return set()
 
     def bind(self, nodes: list[ast.AST], env: dict[str, set[str]]) -> None:
-        """Add the names these nodes bind to typed values to ``env``, until nothing changes (a = cfg.reward; b = a.sandbox)."""
+        """Add the names these nodes bind to typed values to ``env``, until nothing changes (a = cfg.reward; b =
+        a.sandbox)."""
+
         def assign(target: ast.expr, value: ast.expr) -> bool:
-            if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+            if (
+                isinstance(target, (ast.Tuple, ast.List))
+                and isinstance(value, (ast.Tuple, ast.List))
+                and len(target.elts) == len(value.elts)
+            ):
                 return any([assign(t, v) for t, v in zip(target.elts, value.elts)])
             return add(_bound_name(target), self.types(value, env))
 
@@ -176,7 +191,11 @@ class _Module:
             literal = isinstance(iterable, (ast.Tuple, ast.List))
             return any([assign(target, item) for item in iterable.elts] if literal else [assign(target, iterable)])
 
-        binders = [n for n in nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.For, ast.AsyncFor, ast.comprehension))]
+        binders = [
+            n
+            for n in nodes
+            if isinstance(n, (ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.For, ast.AsyncFor, ast.comprehension))
+        ]
         changed = True
         while changed:
             changed = False
@@ -192,8 +211,12 @@ class _Module:
                     changed |= loop(node.target, node.iter)
 
     def reads(self, nodes: list[ast.AST], env: dict[str, set[str]]) -> set[tuple[str, str]]:
-        return {(t, node.attr) for node in nodes if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
-                for t in self.types(node.value, env)}
+        return {
+            (t, node.attr)
+            for node in nodes
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+            for t in self.types(node.value, env)
+        }
 
     def scope(self, stmts: list[ast.stmt], env: dict[str, set[str]]) -> set[tuple[str, str]]:
         """What a block of code (a module, a function body) and everything nested in it reads."""
@@ -233,16 +256,21 @@ class _Module:
             if env == before:
                 break
         return self.scope([m for m in node.body if not isinstance(m, _FUNCTIONS)], env) | set().union(
-            *(self.scope(m.body, self.parameters(m, env)) for m in methods))
+            *(self.scope(m.body, self.parameters(m, env)) for m in methods)
+        )
 
     def config_methods(self, tree: ast.Module) -> dict[tuple[str, str], set[tuple[str, str]]]:
         """(config class, property or method) -> what its body reads; validators are left out."""
         found = {}
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in CLASSES):
             for method in (m for m in cls.body if isinstance(m, _FUNCTIONS)):
-                decorators = {d.func.id for d in method.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Name)}
+                decorators = {
+                    d.func.id for d in method.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Name)
+                }
                 if not decorators & _VALIDATORS:
-                    found[(cls.name, method.name)] = self.scope(method.body, {**self.parameters(method, {}), "self": {cls.name}})
+                    found[(cls.name, method.name)] = self.scope(
+                        method.body, {**self.parameters(method, {}), "self": {cls.name}}
+                    )
         return found
 
 
@@ -254,13 +282,18 @@ def read_pairs() -> frozenset[tuple[str, str]]:
     # class, can hold a typed expression: the others are not even parsed (they are two thirds).
     sources = {path: path.read_text() for path in [*READERS, *sorted(CONFIG_DIR.glob("*.py"))]}
     returns: dict[str, set[str]] = {}  # complete before any module types a call
-    modules = {path: _Module(ast.parse(text, str(path)), returns) for path, text in sources.items() if "hetrl.config" in text}
+    modules = {
+        path: _Module(ast.parse(text, str(path)), returns) for path, text in sources.items() if "hetrl.config" in text
+    }
     for module in modules.values():
         for fn in (n for n in module.tree.body if isinstance(n, _FUNCTIONS)):
             if types := module.annotation(fn.returns):
                 returns[fn.name] = returns.get(fn.name, set()) | types
-    modules |= {path: _Module(ast.parse(text, str(path)), returns) for path, text in sources.items()
-                if path not in modules and any(f"{name}(" in text for name in returns)}
+    modules |= {
+        path: _Module(ast.parse(text, str(path)), returns)
+        for path, text in sources.items()
+        if path not in modules and any(f"{name}(" in text for name in returns)
+    }
     reads, methods = set(), {}
     for path, module in modules.items():
         if CONFIG_DIR in path.parents:
@@ -287,8 +320,10 @@ def _allowed(key: str) -> str | None:
 
 def test_every_documented_key_is_read():
     unread = [key for key in unread_keys() if _allowed(key) is None]
-    assert unread == [], ("documented recipe keys that no code outside hetrl.config reads (wire them, remove them, or type "
-                          f"their reader so that this test sees it: see its docstring): {unread}")
+    assert unread == [], (
+        "documented recipe keys that no code outside hetrl.config reads (wire them, remove them, or type "
+        f"their reader so that this test sees it: see its docstring): {unread}"
+    )
 
 
 def test_allowlist_entries_are_still_unread():
@@ -317,5 +352,10 @@ def weights(cfg: HetrlConfig) -> list[float]:
 """
     tree = ast.parse(source)
     reads = _Module(tree, {}).scope(tree.body, {})
-    assert {("SandboxConfig", "workers"), ("HetrlConfig", "reward"), ("RewardConfig", "functions"), ("RewardFunctionConfig", "weight")} <= reads
+    assert {
+        ("SandboxConfig", "workers"),
+        ("HetrlConfig", "reward"),
+        ("RewardConfig", "functions"),
+        ("RewardFunctionConfig", "weight"),
+    } <= reads
     assert ("RewardConfig", "workers") not in reads and ("RewardConfig", "sandbox") not in reads

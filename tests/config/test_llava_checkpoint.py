@@ -28,7 +28,10 @@ def test_hetrls_own_llava_passes_and_another_layout_is_refused(llava_dir, tmp_pa
     other = shutil.copytree(llava_dir, tmp_path / "llava-1.5-style")
     _edit(other / "config.json", vision_feature_layer=-2)
     processor = json.loads((other / "processor_config.json").read_text())
-    _edit(other / "processor_config.json", image_processor={**processor["image_processor"], "do_center_crop": True, "size": {"shortest_edge": 64}})
+    _edit(
+        other / "processor_config.json",
+        image_processor={**processor["image_processor"], "do_center_crop": True, "size": {"shortest_edge": 64}},
+    )
     with pytest.raises(ConfigError) as refused:
         check_paths(load_config("tiny_vlm_grpo", [f"model.hf_checkpoint={other}"]))
     assert "vision_feature_layer=-2; hetrl's LLaVA needs -1" in str(refused.value)

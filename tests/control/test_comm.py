@@ -16,8 +16,12 @@ pytestmark = pytest.mark.mpi
 # just under 8 KB, 7.8-8.17 KB here, wait on their sender's progress); 1 MB takes another protocol.
 @pytest.mark.parametrize("payload", [8133, 1024 * 1024])
 def test_a_message_does_not_hold_its_receiver_while_the_sender_waits_elsewhere(tmp_path, payload):
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, str(RIG), str(tmp_path / "go"), str(payload)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, str(RIG), str(tmp_path / "go"), str(payload)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and f"OK {payload}" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -35,18 +39,24 @@ if world.Get_rank() == 0:
 else:
     objects = [share(world) for _ in range(2)]
 line = f"OK {world.Get_rank()} {[len(o['tokens']) for o in objects]} {objects[0]['step']} {handled[0] < 1.0}"
-pathlib.Path(sys.argv[1], f"rank{world.Get_rank()}").write_text(line)  # a file each: mpiexec may interleave stdout mid-line
+# a file each: mpiexec may interleave stdout mid-line
+pathlib.Path(sys.argv[1], f"rank{world.Get_rank()}").write_text(line)
 """
 
 
 def test_share_hands_the_leaders_object_to_every_rank(tmp_path):
     """The trainer leader's broadcast (small and large messages) reaches every rank whole, and a rank
     waiting in it still handles its signals then, not once the message came."""
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, "-c", SHARE, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, "-c", SHARE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(tmp_path / f"rank{rank}").read_text() for rank in range(3)] == [
-        f"OK {rank} [3, 300000] 7 True" for rank in range(3)], proc.stdout
+        f"OK {rank} [3, 300000] 7 True" for rank in range(3)
+    ], proc.stdout
 
 
 FIRST_POLL = """
@@ -69,8 +79,12 @@ else:
 def test_the_first_poll_after_a_message_arrived_returns_it():
     """MPICH's probe looks at what has arrived before it makes progress; a poll that only probed found a
     message one poll (one nap) late."""
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, "-c", FIRST_POLL],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [find_mpiexec(), "-launcher", "fork", "-n", "2", sys.executable, "-c", FIRST_POLL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FIRST POLL step" in proc.stdout, proc.stdout
 

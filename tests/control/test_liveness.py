@@ -15,12 +15,19 @@ RANKS = {0: "trainer[0]", 1: "rollout[0]", 2: "orchestrator[0]"}
 TIMEOUT_S = 60.0
 
 
-def _write(run_dir: Path, rank: int, role: str, *, beat_age: float, progress_age: float, state: str, activity: str = "x") -> None:
+def _write(
+    run_dir: Path, rank: int, role: str, *, beat_age: float, progress_age: float, state: str, activity: str = "x"
+) -> None:
     """A record as a beacon of ``rank`` would have left it."""
     beacon = Beacon(run_dir, rank, role, 0, beat_s=1.0)
     now = time.time()
-    record = {**json.loads(json.dumps(beacon.record.__dict__)), "beat": now - beat_age, "progress": now - progress_age,
-              "state": state, "activity": activity}
+    record = {
+        **json.loads(json.dumps(beacon.record.__dict__)),
+        "beat": now - beat_age,
+        "progress": now - progress_age,
+        "state": state,
+        "activity": activity,
+    }
     beacon.path.write_text(json.dumps(record))
 
 
@@ -39,7 +46,9 @@ def test_a_live_job_is_not_stuck(tmp_path, watchdog):
 
 
 def test_a_rank_that_stopped_answering_is_named_first(tmp_path, watchdog):
-    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=100, state="busy", activity="pushing weights v8 to the engines")
+    _write(
+        tmp_path, 0, "trainer", beat_age=1, progress_age=100, state="busy", activity="pushing weights v8 to the engines"
+    )
     _write(tmp_path, 1, "rollout", beat_age=90, progress_age=95, state="idle", activity="waiting for episodes")
     _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=2, state="idle")
     stuck = watchdog.check()
@@ -51,7 +60,9 @@ def test_a_rank_that_stopped_answering_is_named_first(tmp_path, watchdog):
 def test_a_rank_frozen_a_beat_after_its_last_tick_is_named_as_stopped_answering(tmp_path, watchdog):
     """Its record shows a progress older than its beat: stalled by the clock, but its beacon went quiet."""
     _write(tmp_path, 0, "trainer", beat_age=1, progress_age=5, state="idle")
-    _write(tmp_path, 1, "rollout", beat_age=TIMEOUT_S - 2, progress_age=TIMEOUT_S + 1, state="busy", activity="generating")
+    _write(
+        tmp_path, 1, "rollout", beat_age=TIMEOUT_S - 2, progress_age=TIMEOUT_S + 1, state="busy", activity="generating"
+    )
     _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=2, state="idle")
     (stuck,) = watchdog.check()
     assert stuck.rank == 1 and "stopped answering 58 s ago" in stuck.why and stuck.activity == "busy: generating"
@@ -67,7 +78,15 @@ def test_a_busy_rank_without_progress_is_stuck_and_an_exited_one_is_not(tmp_path
 def test_a_job_where_every_rank_idles_names_the_orchestrator(tmp_path, watchdog):
     for rank, role in ((0, "trainer"), (1, "rollout")):
         _write(tmp_path, rank, role, beat_age=1, progress_age=70, state="idle")
-    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=65, state="idle", activity="waiting for the trainer's step 4")
+    _write(
+        tmp_path,
+        2,
+        "orchestrator",
+        beat_age=1,
+        progress_age=65,
+        state="idle",
+        activity="waiting for the trainer's step 4",
+    )
     stuck = watchdog.check()
     assert [s.rank for s in stuck] == [2] and "every rank has been idle" in stuck[0].why
     assert stuck[0].activity == "waiting for the trainer's step 4"

@@ -19,7 +19,9 @@ def recorded(tmp_path, monkeypatch):
     timeline.start(tmp_path, "rollout", 0)
     for step in range(3):
         timeline.record("generate", 100.1 + step, 100.1 + step + 0.2 * (step + 1))  # 0.2, 0.4, 0.6 s
-        monkeypatch.setattr(timeline.time, "time", lambda: 100.01 + step)  # the hop arrives 10 ms after it was sent
+        monkeypatch.setattr(
+            timeline.time, "time", lambda step=step: 100.01 + step
+        )  # the hop arrives 10 ms after it was sent
         timeline.hop("RolloutWork", 0, sent=100 + step)
         monkeypatch.undo()
     timeline.stop()

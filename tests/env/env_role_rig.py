@@ -17,19 +17,23 @@ from mpi4py import MPI
 
 from hetrl.config import load_config
 from hetrl.control.comm import RoleContext, flush_sends
+from hetrl.control.plan import Component, Plan, RankAssignment, RolloutLayout, TrainerLayout
 from hetrl.env.chat import ChatCodec
 from hetrl.env.registry import build_task_stream, env_factory
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import run_episode
 from hetrl.env.scripted import ScriptedPolicy
-from hetrl.control.plan import Component, Plan, RankAssignment, RolloutLayout, TrainerLayout
 from hetrl.loop.env_role import EnvRoleClient, run_env
 from hetrl.models.tokenizer import build_char_tokenizer
 from hetrl.records import SamplingParams
 
 ROLES = ("rollout", "env", "env")
 PLAN = Plan(
-    1, 0, TrainerLayout(1, 1, 1, 1, 1, 1, 1), RolloutLayout("colocated", 0, 1, 1), 0,
+    1,
+    0,
+    TrainerLayout(1, 1, 1, 1, 1, 1, 1),
+    RolloutLayout("colocated", 0, 1, 1),
+    0,
     (Component("local", "local", 1, 3, 0, ("rollout", "env")),),
     tuple(RankAssignment(r, role, ROLES[:r].count(role), "local", 0) for r, role in enumerate(ROLES)),
     num_env_workers=2,
@@ -77,7 +81,9 @@ async def rerun_until_done(client, codec):
                 return None
             try:
                 try:
-                    sample = await run_episode(env, task, seed, policy.generate, codec, SAMPLING, 4, 4096, f"s{index}", "g")
+                    sample = await run_episode(
+                        env, task, seed, policy.generate, codec, SAMPLING, 4, 4096, f"s{index}", "g"
+                    )
                 finally:
                     await env.close()
             except EnvServerLost:
@@ -87,21 +93,40 @@ async def rerun_until_done(client, codec):
             return sample.sample_id
 
     done = await asyncio.gather(*(episode(i) for i in range(8)))
-    return {"done": [d for d in done if d], "lost": lost, "placed_on": placed, "errors": errors[:1], "live": client.live}
+    return {
+        "done": [d for d in done if d],
+        "lost": lost,
+        "placed_on": placed,
+        "errors": errors[:1],
+        "live": client.live,
+    }
 
 
 def drive(mode):
     codec = ChatCodec(build_char_tokenizer())
     client = EnvRoleClient(RoleContext(MPI.COMM_WORLD, None, PLAN, PLAN.assignments[0]))
     if mode == "compare":
+
         def groups(make_env):
-            return run_groups(make_env, build_task_stream(CFG.env.tasks, seed=2), codec, ScriptedPolicy(codec, script, record=False).generate,
-                              num_groups=3, group_size=2, max_turns=4, concurrency=8, max_tokens=SAMPLING.max_tokens)
+            return run_groups(
+                make_env,
+                build_task_stream(CFG.env.tasks, seed=2),
+                codec,
+                ScriptedPolicy(codec, script, record=False).generate,
+                num_groups=3,
+                group_size=2,
+                max_turns=4,
+                concurrency=8,
+                max_tokens=SAMPLING.max_tokens,
+            )
 
         remote = asyncio.run(with_pump(client, groups(client.make_env)))
         local = asyncio.run(groups(env_factory(CFG.env)))
-        report = {"equal": samples_of(remote) == samples_of(local), "turns": [s.num_turns for s in remote],
-                  "reported_load": client.reported}
+        report = {
+            "equal": samples_of(remote) == samples_of(local),
+            "turns": [s.num_turns for s in remote],
+            "reported_load": client.reported,
+        }
     else:
         report = asyncio.run(with_pump(client, rerun_until_done(client, codec)))
     client.close()

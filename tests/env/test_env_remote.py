@@ -22,8 +22,19 @@ def script(conversation):
 
 def three_groups(make_env, codec):
     policy = ScriptedPolicy(codec, script, record=False)
-    return asyncio.run(run_groups(make_env, build_task_stream(TASKS, seed=2), codec, policy.generate, num_groups=3, group_size=2,
-                                  max_turns=CFG.max_turns, max_episode_tokens=2048, concurrency=8))
+    return asyncio.run(
+        run_groups(
+            make_env,
+            build_task_stream(TASKS, seed=2),
+            codec,
+            policy.generate,
+            num_groups=3,
+            group_size=2,
+            max_turns=CFG.max_turns,
+            max_episode_tokens=2048,
+            concurrency=8,
+        )
+    )
 
 
 def test_remote_envs_match_local_ones(codec):

@@ -17,8 +17,13 @@ pytestmark = pytest.mark.mpi
 def rig(tmp_path, mode, fault=""):
     out = tmp_path / f"{mode}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_ENV_FAULT": fault}
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, str(RIG), mode, str(out)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, str(RIG), mode, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -46,7 +51,10 @@ def test_no_env_rank_left_is_a_clear_error(tmp_path):
 def test_env_fault_spec():
     from hetrl.loop.env_role import env_faults
 
-    assert [(f.role, f.role_rank, f.kind, f.at) for f in env_faults("0@3, 1")] == [("env", 0, "env_crash", 3), ("env", 1, "env_crash", 1)]
+    assert [(f.role, f.role_rank, f.kind, f.at) for f in env_faults("0@3, 1")] == [
+        ("env", 0, "env_crash", 3),
+        ("env", 1, "env_crash", 1),
+    ]
     assert env_faults(None) == env_faults("") == []
     with pytest.raises(ValueError, match="HETRL_INJECT_ENV_FAULT entries must be"):
         env_faults("env:0:env_crash@1")

@@ -18,10 +18,12 @@ TASK = Task("t0", "unit", [{"role": "user", "content": "What is (17 + 25) * 3 - 
 def calculator_script(conversation: str) -> str:
     """Three tool turns (one of them malformed), then the answer."""
     turn = tool_turns(conversation)
-    return [tool_call("calculator", expression="17 + 25"),
-            "let me try <tool_call>{not json}</tool_call>",
-            tool_call("calculator", expression="42 * 3 - 4"),
-            "The result is <answer>122</answer>"][turn]
+    return [
+        tool_call("calculator", expression="17 + 25"),
+        "let me try <tool_call>{not json}</tool_call>",
+        tool_call("calculator", expression="42 * 3 - 4"),
+        "The result is <answer>122</answer>",
+    ][turn]
 
 
 def test_multi_turn_ids_are_sampled_ids_plus_observation_deltas(codec):
@@ -34,7 +36,7 @@ def test_multi_turn_ids_are_sampled_ids_plus_observation_deltas(codec):
     for prompt_ids, result in policy.calls:
         # each turn was generated from exactly the trajectory so far, and its ids are kept verbatim
         assert prompt_ids == full[:offset]
-        assert full[offset:offset + len(result.response_ids)] == result.response_ids
+        assert full[offset : offset + len(result.response_ids)] == result.response_ids
         span = slice(offset - len(sample.prompt_ids), offset - len(sample.prompt_ids) + len(result.response_ids))
         assert sample.loss_mask[span] == [1] * len(result.response_ids)
         assert sample.logprobs[span] == result.logprobs
@@ -43,7 +45,11 @@ def test_multi_turn_ids_are_sampled_ids_plus_observation_deltas(codec):
         # then observation tokens up to the next generation (or the end)
         nxt = next((len(p) for p, _ in policy.calls if len(p) > offset), len(full))
         obs = slice(offset - len(sample.prompt_ids), nxt - len(sample.prompt_ids))
-        assert set(sample.loss_mask[obs]) <= {0} and set(sample.versions[obs]) <= {-1} and set(sample.logprobs[obs]) <= {0.0}
+        assert (
+            set(sample.loss_mask[obs]) <= {0}
+            and set(sample.versions[obs]) <= {-1}
+            and set(sample.logprobs[obs]) <= {0.0}
+        )
         offset = nxt
     # the policy tokens are all generated tokens, in order
     policy_ids = [t for t, m in zip(sample.completion_ids, sample.loss_mask) if m]
@@ -69,8 +75,9 @@ def test_template_that_rewrites_history_still_gives_exact_delta():
 
 
 def test_turn_budget_ends_with_reason(codec):
-    sample, policy = play(ToolMathEnv(runner=None), TASK, codec, lambda c: tool_call("calculator", expression="1+1"),
-                          max_turns=3)
+    sample, policy = play(
+        ToolMathEnv(runner=None), TASK, codec, lambda c: tool_call("calculator", expression="1+1"), max_turns=3
+    )
     assert sample.info["stop_reason"] == "max_turns" and sample.finish_reason == "length"
     assert sample.num_turns == 3 and len(policy.calls) == 3
 
@@ -78,8 +85,9 @@ def test_turn_budget_ends_with_reason(codec):
 def test_token_budget_caps_generation_and_ends_with_reason(codec):
     env = ToolMathEnv(runner=None)
     budget = len(codec.prompt_ids(env.initial_messages(TASK))) + 150  # room for two and a half turns
-    sample, policy = play(env, TASK, codec, lambda c: tool_call("calculator", expression="1+1"),
-                          max_episode_tokens=budget)
+    sample, policy = play(
+        env, TASK, codec, lambda c: tool_call("calculator", expression="1+1"), max_episode_tokens=budget
+    )
     assert sample.info["stop_reason"] == "max_episode_tokens" and sample.finish_reason == "length"
     assert len(sample.prompt_ids) + len(sample.completion_ids) <= budget
     # every generation was capped to the room left
@@ -97,7 +105,9 @@ def test_same_seed_same_episode(codec):
     from hetrl.env.registry import build_task_stream
 
     def episode(seed):
-        stream = build_task_stream(TaskSourceConfig(source="reasoning_gym", name="basic_arithmetic", size=50), seed=seed)
+        stream = build_task_stream(
+            TaskSourceConfig(source="reasoning_gym", name="basic_arithmetic", size=50), seed=seed
+        )
         task, episode_seed = stream.take(3)[-1]
         sample, _ = play(ToolMathEnv(runner=None), task, codec, calculator_script, seed=episode_seed)
         return dataclasses.asdict(sample)
@@ -128,7 +138,9 @@ def test_images_need_an_engine_that_takes_them(codec):
         raise AssertionError("must not be called")
 
     with pytest.raises(ValueError, match="images"):
-        asyncio.run(run_episode(MultimodalEnv(), ShapesSource(4, 0)[0], 0, text_only, codec, SamplingParams(), 1, 512, "s", "g"))
+        asyncio.run(
+            run_episode(MultimodalEnv(), ShapesSource(4, 0)[0], 0, text_only, codec, SamplingParams(), 1, 512, "s", "g")
+        )
 
 
 def test_placeholder_text_is_not_an_image_for_a_vision_language_tokenizer():
@@ -138,7 +150,9 @@ def test_placeholder_text_is_not_an_image_for_a_vision_language_tokenizer():
 
     codec = ChatCodec(build_char_tokenizer(128, image_token=True))
     image = object()
-    ids = codec.prompt_ids([{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "typed '<image>'"}]}])
+    ids = codec.prompt_ids(
+        [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "typed '<image>'"}]}]
+    )
     assert ids.count(CHAR_IMAGE_TOKEN_ID) == 1
     assert codec.prompt_ids([{"role": "tool", "content": "<image>"}]).count(CHAR_IMAGE_TOKEN_ID) == 0
     text_codec = ChatCodec(build_char_tokenizer(128))  # a text model's tokenizer spells it out: left as it is

@@ -27,14 +27,17 @@ def task_of(family):
 
 def window():
     """A hand-built window with one widget of each kind (and a menu whose options hang over the list)."""
-    return Gui("Test", [
-        TextField("field.name", (44, 17, 156, 30), label="Name", text="bob", max_chars=5),
-        Checkbox("checkbox.blue", (6, 33, 40, 46), label="Blue"),
-        Dropdown("dropdown.size", (44, 33, 120, 46), label="Size", options=["S", "M", "L"]),
-        ListBox("list.files", (6, 49, 154, 87), items=[f"f{i}.txt" for i in range(6)]),
-        Button("button.delete", (6, 101, 50, 115), label="Delete", default=True, deletes="list.files"),
-        Button("button.cancel", (58, 101, 102, 115), label="Cancel"),
-    ])
+    return Gui(
+        "Test",
+        [
+            TextField("field.name", (44, 17, 156, 30), label="Name", text="bob", max_chars=5),
+            Checkbox("checkbox.blue", (6, 33, 40, 46), label="Blue"),
+            Dropdown("dropdown.size", (44, 33, 120, 46), label="Size", options=["S", "M", "L"]),
+            ListBox("list.files", (6, 49, 154, 87), items=[f"f{i}.txt" for i in range(6)]),
+            Button("button.delete", (6, 101, 50, 115), label="Delete", default=True, deletes="list.files"),
+            Button("button.cancel", (58, 101, 102, 115), label="Cancel"),
+        ],
+    )
 
 
 def step(env, *calls):
@@ -111,8 +114,12 @@ def test_each_action_kind_on_the_model():
     gui.click(*centre(field.box))
     gui.key("enter")  # enter in a text field presses the default button
     assert gui.closed and gui.result == "Delete"
-    assert gui.values() == {"field.name": "boxyz", "checkbox.blue": True, "dropdown.size": "M",
-                            "list.files": ["f0.txt", "f1.txt", "f2.txt", "f3.txt", "f5.txt"]}
+    assert gui.values() == {
+        "field.name": "boxyz",
+        "checkbox.blue": True,
+        "dropdown.size": "M",
+        "list.files": ["f0.txt", "f1.txt", "f2.txt", "f3.txt", "f5.txt"],
+    }
 
 
 def test_layout_round_trip_never_shares_state_with_the_task():
@@ -170,8 +177,15 @@ def test_images_are_content_parts_of_the_observations():
 
 def test_bad_tool_calls_are_error_observations():
     env, _ = started(SOURCE[0])
-    result = step(env, act("click", x=500, y=3), act("click", x="40", y=3), act("key", name="f1"),
-                  act("type", text=""), act("drag", x=1), "<tool_call>{not json</tool_call>")
+    result = step(
+        env,
+        act("click", x=500, y=3),
+        act("click", x="40", y=3),
+        act("key", name="f1"),
+        act("type", text=""),
+        act("drag", x=1),
+        "<tool_call>{not json</tool_call>",
+    )
     texts = [m["content"] for m in result.observations if m["role"] == "tool"]
     assert len(texts) == 6 and all(t.startswith("error:") for t in texts)
     assert "outside the 160x120 screen" in texts[0] and "argument 'x' must be of type integer" in texts[1]
@@ -229,17 +243,25 @@ def test_scripted_policy_solves_every_task(codec):
 def test_random_and_wrong_policies_fail(codec):
     def random_actions(conversation):
         rng = random.Random(len(conversation))
-        return rng.choice([act("click", x=rng.randrange(160), y=rng.randrange(120)),
-                           act("key", name=rng.choice(["tab", "enter", "space", "down", "backspace"])),
-                           act("type", text=rng.choice(["cat", "blue", "a"])), act("scroll", dy=1)])
+        return rng.choice(
+            [
+                act("click", x=rng.randrange(160), y=rng.randrange(120)),
+                act("key", name=rng.choice(["tab", "enter", "space", "down", "backspace"])),
+                act("type", text=rng.choice(["cat", "blue", "a"])),
+                act("scroll", dy=1),
+            ]
+        )
 
     rewards = [play(ScreenEnv(), SOURCE[i], codec, random_actions, max_turns=20)[0].rewards["env"] for i in range(24)]
     assert sum(rewards) <= 2
     for i in range(8):  # pressing the task's button at once leaves the goal undone
         task = SOURCE[i]
-        submit = next(w for w in Gui.from_layout(task.metadata["layout"]).widgets if w.name.startswith("button.")
-                      and w.label == task.answer["submit"])
-        sample, _ = play(ScreenEnv(), task, codec, lambda c: act("click", x=submit.box[0] + 5, y=submit.box[1] + 5))
+        submit = next(
+            w
+            for w in Gui.from_layout(task.metadata["layout"]).widgets
+            if w.name.startswith("button.") and w.label == task.answer["submit"]
+        )
+        sample, _ = play(ScreenEnv(), task, codec, lambda c, box=submit.box: act("click", x=box[0] + 5, y=box[1] + 5))
         assert sample.num_turns == 1 and sample.rewards == {"env": 0.0}
 
 

@@ -1,6 +1,5 @@
 """Every shipped environment, driven by a scripted policy to a known reward."""
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -9,10 +8,10 @@ from env_helpers import play, tool_call, tool_turns, user_text
 from hetrl.config.env import EnvConfig, TaskSourceConfig
 from hetrl.env.envs.coding import CodeEnv
 from hetrl.env.envs.multimodal import MultimodalEnv, ShapesSource, render_scene
-from hetrl.models.images import to_pil
 from hetrl.env.envs.terminal import FileOpsSource, TerminalEnv
 from hetrl.env.envs.tool_use import ToolMathEnv
 from hetrl.env.registry import build_env, build_task_source, env_factory
+from hetrl.models.images import to_pil
 
 
 def test_math_env_scores_the_final_answer(codec):
@@ -33,7 +32,9 @@ def test_code_env_runs_tests_in_the_sandbox(codec, runner):
     env = CodeEnv(runner)
     good, _ = play(env, task, codec, lambda c: f"Here:\n```python\n{solution}\n```")
     body_only, _ = play(env, task, codec, lambda c: f"```python\n{task.metadata['canonical_solution']}```")
-    bad, _ = play(env, task, codec, lambda c: "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```")
+    bad, _ = play(
+        env, task, codec, lambda c: "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```"
+    )
     assert good.rewards == {"env": 1.0} and body_only.rewards == {"env": 1.0} and bad.rewards == {"env": 0.0}
     assert bad.info["tests_passed"] is False
 
@@ -67,8 +68,12 @@ def test_tool_math_env_with_calculator_and_sandboxed_python(codec, runner):
     sample, _ = play(ToolMathEnv(runner), task, codec, script)
     assert sample.rewards == {"env": 1.0} and sample.num_turns == 3 and sample.num_tool_calls == 2
     assert sample.info["num_tool_errors"] == 0
-    crashing, _ = play(ToolMathEnv(runner), task, codec,
-                       lambda c: tool_call("python", code="raise SystemExit(3)") if not tool_turns(c) else "<answer>0</answer>")
+    crashing, _ = play(
+        ToolMathEnv(runner),
+        task,
+        codec,
+        lambda c: tool_call("python", code="raise SystemExit(3)") if not tool_turns(c) else "<answer>0</answer>",
+    )
     assert "exit code 3" in crashing.completion_text
 
 
@@ -92,7 +97,9 @@ def test_terminal_env_is_scored_on_final_state(codec, runner, family):
     sample, _ = play(TerminalEnv(runner), task, codec, script)
     assert sample.rewards == {"env": 1.0}, sample.completion_text
     assert sample.num_tool_calls == len(commands) and "exit code 0" in sample.completion_text
-    idle, _ = play(TerminalEnv(runner), task, codec, lambda c: tool_call("shell", command="ls") if not tool_turns(c) else "done")
+    idle, _ = play(
+        TerminalEnv(runner), task, codec, lambda c: tool_call("shell", command="ls") if not tool_turns(c) else "done"
+    )
     assert idle.rewards == {"env": 0.0}
 
 
@@ -128,27 +135,48 @@ def test_shapes_options_choose_questions_and_scene_sizes():
     from hetrl.config.env import TaskSourceConfig
     from hetrl.env.registry import build_task_source
 
-    totals = build_task_source(TaskSourceConfig(source="shapes", size=40, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 3}), 0)
+    totals = build_task_source(
+        TaskSourceConfig(source="shapes", size=40, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 3}),
+        0,
+    )
     for task in (totals[i] for i in range(40)):
         assert task.messages[0]["content"].startswith("How many shapes are in the image?")
         assert task.answer == str(len(task.metadata["shapes"])) and 1 <= len(task.metadata["shapes"]) <= 3
     default = ShapesSource(size=40, seed=0)
     asked = {t.messages[0]["content"].split("?")[0].split()[-1] for t in (default[i] for i in range(40))}
-    assert asked == {"image", "circle", "square", "triangle"}  # "How many <colour> shapes are in the image?" or "... are a <kind>?"
-    colours = ShapesSource(size=40, seed=0, options={"questions": ["which_colour"], "fill": True}, answer_instruction="")
+    assert asked == {
+        "image",
+        "circle",
+        "square",
+        "triangle",
+    }  # "How many <colour> shapes are in the image?" or "... are a <kind>?"
+    colours = ShapesSource(
+        size=40, seed=0, options={"questions": ["which_colour"], "fill": True}, answer_instruction=""
+    )
     for task in (colours[i] for i in range(40)):
         shapes, code = task.metadata["shapes"], int(task.answer)
-        assert task.messages[0]["content"] == "What colour are the shapes? Answer 1 for blue, 2 for green, 3 for red, 4 for yellow."
-        assert {s["colour"] for s in shapes} == {["blue", "green", "red", "yellow"][code - 1]} and all(s["margin"] == 0 for s in shapes)
+        assert (
+            task.messages[0]["content"]
+            == "What colour are the shapes? Answer 1 for blue, 2 for green, 3 for red, 4 for yellow."
+        )
+        assert {s["colour"] for s in shapes} == {["blue", "green", "red", "yellow"][code - 1]} and all(
+            s["margin"] == 0 for s in shapes
+        )
     filled = render_scene([{"kind": "square", "colour": "red", "cell": 5, "margin": 0}])
-    assert filled.getpixel((32, 32)) == filled.getpixel((63, 63)) == (220, 40, 40) and filled.getpixel((64, 64)) == (255, 255, 255)
+    assert filled.getpixel((32, 32)) == filled.getpixel((63, 63)) == (220, 40, 40) and filled.getpixel((64, 64)) == (
+        255,
+        255,
+        255,
+    )
     framed = render_scene([{"kind": "square", "colour": "red", "cell": 5}])  # the default margin of 4 px
     assert framed.getpixel((35, 35)) == (255, 255, 255) and framed.getpixel((36, 36)) == (220, 40, 40)
     with pytest.raises(ValueError, match="subset of"):
         ShapesSource(4, 0, {"questions": ["area"]})
     with pytest.raises(ValueError, match="unknown env.tasks.options"):
         ShapesSource(4, 0, {"colours": 3})
-    with pytest.raises(ValueError, match="options is not used by task source 'screen_tasks' \\(only by reasoning_gym and shapes\\)"):
+    with pytest.raises(
+        ValueError, match="options is not used by task source 'screen_tasks' \\(only by reasoning_gym and shapes\\)"
+    ):
         TaskSourceConfig(source="screen_tasks", options={"questions": ["total"]})
 
 
@@ -177,9 +205,14 @@ def test_same_seed_same_terminal_episode(codec, runner):
 def test_swap_scenes_keeps_questions_and_moves_images(codec):
     from hetrl.env.envs.multimodal import swap_scenes
 
-    tasks = [ShapesSource(size=5, seed=1, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 6})[i] for i in range(5)]
+    tasks = [
+        ShapesSource(size=5, seed=1, options={"questions": ["total"], "min_shapes": 1, "max_shapes": 6})[i]
+        for i in range(5)
+    ]
     swapped = swap_scenes(tasks)
-    assert [t.messages for t in swapped] == [t.messages for t in tasks] and [t.answer for t in swapped] == [t.answer for t in tasks]
+    assert [t.messages for t in swapped] == [t.messages for t in tasks] and [t.answer for t in swapped] == [
+        t.answer for t in tasks
+    ]
     assert [t.metadata for t in swapped] == [t.metadata for t in tasks[1:] + tasks[:1]]
     sample, _ = play(MultimodalEnv(), swapped[0], codec, lambda c: "<answer>1</answer>")
     assert to_pil(sample.images[0]).tobytes() == render_scene(tasks[1].metadata["shapes"]).tobytes()

@@ -27,7 +27,10 @@ def test_reasoning_gym_answer_instruction_is_configurable():
         return build_task_source(TaskSourceConfig(size=2, **fields), seed=3)[0].messages[0]["content"]
 
     question = user_text(answer_instruction="")
-    assert "<answer>" not in question and user_text() == f"{question}\n\nGive your final answer inside <answer></answer> tags."
+    assert (
+        "<answer>" not in question
+        and user_text() == f"{question}\n\nGive your final answer inside <answer></answer> tags."
+    )
     assert user_text(answer_instruction="Answer with a number.") == f"{question}\n\nAnswer with a number."
     with pytest.raises(ValueError, match="answer_instruction is not used by task source 'human_eval'"):
         build_task_source(TaskSourceConfig(source="human_eval", answer_instruction=""), seed=0)
@@ -53,11 +56,11 @@ ROWS = [
     '{"prompt": "2+2?"}',
     "not json at all",
     '{"messages": [{"role": "user", "content": "write f"}], "tests": "assert f() == 1", "id": "code-1"}',
-    '',
+    "",
     '{"prompt": "x", "messages": [{"role": "user", "content": "y"}], "answer": 1}',
     '{"messages": [{"role": "robot", "content": "hi"}], "answer": 1}',
     '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "answer": 1}',
-    '[1, 2]',
+    "[1, 2]",
     '{"prompt": "   ", "answer": 3}',
     '{"messages": [{"role": "user", "content": "q"}], "tests": []}',
     '{"prompt": "3*3?", "answer": 9, "difficulty": "easy"}',
@@ -96,8 +99,11 @@ def test_parquet_loader(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    rows = [{"prompt": "1+1?", "answer": "2", "messages": None}, {"prompt": None, "answer": "3", "messages": None},
-            {"prompt": None, "answer": "4", "messages": [{"role": "user", "content": "2+2?"}]}]
+    rows = [
+        {"prompt": "1+1?", "answer": "2", "messages": None},
+        {"prompt": None, "answer": "3", "messages": None},
+        {"prompt": None, "answer": "4", "messages": [{"role": "user", "content": "2+2?"}]},
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet")
     source = build_task_source(TaskSourceConfig(source="file", path=str(tmp_path / "t.parquet")), seed=0)
     assert len(source) == 2 and [b.row for b in source.report.bad_rows] == [2]

@@ -49,36 +49,53 @@ def test_tools_need_docstring_and_hints():
 
 
 def test_parse_hermes_and_openai_shapes():
-    text = 'thinking <tool_call>{"name": "lookup", "arguments": {"city": "Oslo"}}</tool_call> and ' \
-           '<tool_call>{"function": {"name": "lookup", "arguments": "{\\"city\\": \\"Rome\\"}"}}</tool_call>'
+    text = (
+        'thinking <tool_call>{"name": "lookup", "arguments": {"city": "Oslo"}}</tool_call> and '
+        '<tool_call>{"function": {"name": "lookup", "arguments": "{\\"city\\": \\"Rome\\"}"}}</tool_call>'
+    )
     parsed = parse_tool_calls({"role": "assistant", "content": text})
     assert [(c.name, c.arguments) for c in parsed.calls] == [("lookup", {"city": "Oslo"}), ("lookup", {"city": "Rome"})]
-    openai = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_9", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"city": "Lima"})}}]}
+    openai = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_9",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"city": "Lima"})},
+            }
+        ],
+    }
     parsed = parse_tool_calls(openai)
     assert parsed.calls[0].call_id == "call_9" and parsed.calls[0].arguments == {"city": "Lima"} and not parsed.errors
     assert not parse_tool_calls("just an answer")
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("<tool_call>{not json}</tool_call>", "not valid JSON"),
-    ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
-    ('<tool_call>{"name": "lookup", "arguments": [1]}</tool_call>', "must be a JSON object"),
-    ('<tool_call>{"name": "lookup", "arguments": "{bad"}</tool_call>', "arguments are not valid JSON"),
-    ('<tool_call>{"name": "lookup"', "unterminated"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("<tool_call>{not json}</tool_call>", "not valid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
+        ('<tool_call>{"name": "lookup", "arguments": [1]}</tool_call>', "must be a JSON object"),
+        ('<tool_call>{"name": "lookup", "arguments": "{bad"}</tool_call>', "arguments are not valid JSON"),
+        ('<tool_call>{"name": "lookup"', "unterminated"),
+    ],
+)
 def test_malformed_calls_are_reported(text, reason):
     parsed = parse_tool_calls(text)
     assert not parsed.calls and len(parsed.errors) == 1 and reason in parsed.errors[0]
 
 
-@pytest.mark.parametrize("call, expected", [
-    ('{"name": "nope", "arguments": {}}', "unknown tool 'nope'"),
-    ('{"name": "lookup", "arguments": {}}', "missing arguments ['city']"),
-    ('{"name": "lookup", "arguments": {"city": "x", "zip": 1}}', "unknown arguments ['zip']"),
-    ('{"name": "lookup", "arguments": {"city": 3}}', "'city' must be of type string"),
-    ('{"name": "lookup", "arguments": {"city": "Atlantis"}}', "raised KeyError"),
-])
+@pytest.mark.parametrize(
+    "call, expected",
+    [
+        ('{"name": "nope", "arguments": {}}', "unknown tool 'nope'"),
+        ('{"name": "lookup", "arguments": {}}', "missing arguments ['city']"),
+        ('{"name": "lookup", "arguments": {"city": "x", "zip": 1}}', "unknown arguments ['zip']"),
+        ('{"name": "lookup", "arguments": {"city": 3}}', "'city' must be of type string"),
+        ('{"name": "lookup", "arguments": {"city": "Atlantis"}}', "raised KeyError"),
+    ],
+)
 def test_bad_calls_and_tool_exceptions_become_observations(call, expected):
     registry = ToolRegistry([lookup])
     messages, num_errors = asyncio.run(registry.execute(parse_tool_calls(f"<tool_call>{call}</tool_call>")))

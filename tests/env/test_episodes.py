@@ -39,12 +39,22 @@ def _counting(generate):
 @pytest.mark.parametrize("concurrency, peak", [(5, 5), (None, 12)])
 def test_groups_run_concurrently_within_the_limit(codec, concurrency, peak):
     generate, state = _counting(_answering_policy(codec).generate)
-    samples = asyncio.run(run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=3, group_size=4,
-                                     max_turns=1, concurrency=concurrency))
+    samples = asyncio.run(
+        run_groups(
+            MATH,
+            build_task_stream(CFG, seed=1),
+            codec,
+            generate,
+            num_groups=3,
+            group_size=4,
+            max_turns=1,
+            concurrency=concurrency,
+        )
+    )
     assert state["peak"] == peak
     assert [s.sample_id for s in samples] == [f"g{g}.{i}" for g in range(3) for i in range(4)]
     for g in range(3):
-        group = samples[4 * g: 4 * g + 4]
+        group = samples[4 * g : 4 * g + 4]
         assert {s.group_id for s in group} == {f"g{g}"} and len({s.prompt_text for s in group}) == 1
         assert len({s.info["seed"] for s in group}) == 4  # each episode of a group has its own seed
         assert all(s.rewards == {"env": 1.0} for s in group)
@@ -68,7 +78,9 @@ def test_lost_environments_fail_their_episodes_and_other_errors_are_raised(codec
     async def run(make_env):
         runner = EpisodeRunner(make_env, codec, policy.generate, max_turns=1, max_episode_tokens=512)
         items = group_items("g0", *build_task_stream(CFG, seed=1).next(), 3)
-        await asyncio.gather(*(runner.start(item, SamplingParams(max_tokens=64)) for item in items), return_exceptions=True)
+        await asyncio.gather(
+            *(runner.start(item, SamplingParams(max_tokens=64)) for item in items), return_exceptions=True
+        )
         return runner
 
     runner = asyncio.run(run(LosesItsServer))
@@ -89,7 +101,10 @@ def test_cancel_fails_the_episodes_held_and_frees_their_slots(codec):
 
     async def run():
         runner = EpisodeRunner(MATH, codec, never, max_turns=1, max_episode_tokens=512, concurrency=2)
-        tasks = [runner.start(item, SamplingParams(max_tokens=64)) for item in group_items("g0", *build_task_stream(CFG, seed=1).next(), 3)]
+        tasks = [
+            runner.start(item, SamplingParams(max_tokens=64))
+            for item in group_items("g0", *build_task_stream(CFG, seed=1).next(), 3)
+        ]
         await asyncio.sleep(0.05)  # two episodes wait on the engine, one on a slot
         assert len(runner) == 3
         assert runner.cancel() == 3
@@ -106,12 +121,25 @@ def test_concurrency_must_be_positive(codec):
 
 
 def test_each_sample_records_its_wait_for_a_slot(codec):
-    """The first `concurrency` episodes start at once; the others wait (Sample.info["env_wait_s"], episode/env_wait_s_mean)."""
+    """The first `concurrency` episodes start at once; the others wait (Sample.info["env_wait_s"],
+    episode/env_wait_s_mean)."""
     generate, _ = _counting(_answering_policy(codec).generate)
-    bounded = asyncio.run(run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=2, group_size=4,
-                                     max_turns=1, concurrency=4))
+    bounded = asyncio.run(
+        run_groups(
+            MATH,
+            build_task_stream(CFG, seed=1),
+            codec,
+            generate,
+            num_groups=2,
+            group_size=4,
+            max_turns=1,
+            concurrency=4,
+        )
+    )
     waits = sorted(s.info["env_wait_s"] for s in bounded)
     assert waits[:4] == [0.0] * 4 and min(waits[4:]) >= 0.01  # each waits for a slot held through a 10 ms turn
-    free = asyncio.run(run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=2, group_size=4, max_turns=1))
+    free = asyncio.run(
+        run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=2, group_size=4, max_turns=1)
+    )
     assert all(s.info["env_wait_s"] == 0.0 for s in free)
     assert rollout_metrics(bounded)["episode/env_wait_s_mean"] == pytest.approx(sum(waits) / 8)

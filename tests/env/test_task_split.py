@@ -61,8 +61,10 @@ def test_too_small_a_task_space_is_kept_whole_and_its_overlap_reported(tmp_path)
     split = split_files(write_jsonl(tmp_path / "train.jsonl", 200, 20))  # 8 of 20 distinct prompts: over a quarter
     assert split.report.too_small and len(split.training) == 200 and split.report.num_removed == 0
     assert split.report.overlap_fraction == 1.0
-    assert split.report.summary() == ("the task space is too small to split (20 distinct tasks in 200, 8 of them held "
-                                      "out); 8 of 8 held-out tasks (100%) also appear in training")
+    assert split.report.summary() == (
+        "the task space is too small to split (20 distinct tasks in 200, 8 of them held "
+        "out); 8 of 8 held-out tasks (100%) also appear in training"
+    )
 
 
 def test_an_explicit_eval_source_is_carved_out_too_or_its_overlap_reported(tmp_path):

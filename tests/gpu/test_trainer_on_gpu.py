@@ -22,8 +22,15 @@ from tests.trainer.samples import make_samples
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # head_dim 32, as the engines' kernels want; vocab a multiple of 8 for bf16 GEMMs.
-MODEL = ModelConfig(arch="qwen3", hidden_size=128, num_layers=2, num_attention_heads=4, num_query_groups=2,
-                    ffn_hidden_size=256, vocab_size=128)
+MODEL = ModelConfig(
+    arch="qwen3",
+    hidden_size=128,
+    num_layers=2,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=256,
+    vocab_size=128,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,7 +39,13 @@ def nccl_world():
 
     from hetrl.trainer.parallel import destroy_parallel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("HETRL_TEST_PORT", "29577"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=os.environ.get("HETRL_TEST_PORT", "29577"),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
     dist.init_process_group("nccl")
     yield
     destroy_parallel(destroy_world=True)
@@ -42,7 +55,9 @@ def _trainer(precision: str = "fp32", **trainer):
     from hetrl.trainer.policy import PolicyTrainer
 
     cfg = TrainerConfig(precision=precision, lr=1e-3, micro_batch_size=4, **trainer)
-    return PolicyTrainer(MODEL, cfg, AlgorithmConfig(name="grpo", group_size=2), seed=3, max_len=16, with_reference=False)
+    return PolicyTrainer(
+        MODEL, cfg, AlgorithmConfig(name="grpo", group_size=2), seed=3, max_len=16, with_reference=False
+    )
 
 
 def _logprobs(**trainer) -> torch.Tensor:
@@ -84,7 +99,9 @@ def test_imported_checkpoint_matches_hf_logits_on_gpu(tmp_path: Path):
         model = build_gpt_model(MODEL, tcfg, pg_collection=groups.pg_collection, seed=11).eval()
         load_hf_checkpoint(model, hf_dir, groups.pg_collection)
         with torch.no_grad():
-            got = model(tokens, torch.arange(tokens.shape[1], device="cuda").expand_as(tokens), None)[..., : MODEL.vocab_size]
+            got = model(tokens, torch.arange(tokens.shape[1], device="cuda").expand_as(tokens), None)[
+                ..., : MODEL.vocab_size
+            ]
             want = reference(tokens).logits
     finally:
         destroy_parallel()
@@ -107,7 +124,9 @@ def test_transformer_engine_spec_matches_the_local_spec():
     pytest.importorskip("transformer_engine")
     local = _logprobs(transformer_impl="local")
     torch.testing.assert_close(_logprobs(transformer_impl="transformer_engine"), local, rtol=0, atol=2e-4)
-    torch.testing.assert_close(_logprobs(transformer_impl="transformer_engine", pack_length=32), local, rtol=0, atol=2e-4)
+    torch.testing.assert_close(
+        _logprobs(transformer_impl="transformer_engine", pack_length=32), local, rtol=0, atol=2e-4
+    )
 
 
 def test_a_bf16_policy_gradient_step_moves_logprobs_the_advantaged_way():

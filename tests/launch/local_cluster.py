@@ -18,7 +18,8 @@ def cluster_down_reason() -> str:
         return f"nodes not up ({done.stderr.strip() or sorted(states)})"
     accounting = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True)
     if accounting.returncode:  # job states after a job ends come only from slurmdbd (and its MariaDB)
-        return f"accounting down (sacct: {accounting.stderr.strip().splitlines()[-1] if accounting.stderr.strip() else accounting.returncode})"
+        last_line = accounting.stderr.strip().splitlines()[-1] if accounting.stderr.strip() else accounting.returncode
+        return f"accounting down (sacct: {last_line})"
     return ""
 
 
@@ -26,5 +27,8 @@ _DOWN = cluster_down_reason()
 # Module marks: `pytestmark = NEEDS_LOCAL_CLUSTER` in a test module that submits jobs.
 NEEDS_LOCAL_CLUSTER = [
     pytest.mark.slurm,
-    pytest.mark.skipif(bool(_DOWN), reason=f"local Slurm cluster not running: {_DOWN}; start it with `sudo slurm/local/cluster.sh start`"),
+    pytest.mark.skipif(
+        bool(_DOWN),
+        reason=f"local Slurm cluster not running: {_DOWN}; start it with `sudo slurm/local/cluster.sh start`",
+    ),
 ]

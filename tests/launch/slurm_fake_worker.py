@@ -29,8 +29,13 @@ def main() -> int:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
-        record = {"rank": world.Get_rank(), "size": world.Get_size(), "node": os.environ.get("SLURMD_NODENAME"),
-                  "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "run_dir": str(run_dir)}
+        record = {
+            "rank": world.Get_rank(),
+            "size": world.Get_size(),
+            "node": os.environ.get("SLURMD_NODENAME"),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "run_dir": str(run_dir),
+        }
         print("FAKE " + json.dumps(record), flush=True)
         world.Barrier()
         return 0

@@ -8,7 +8,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_dry_run_prints_plan_and_hetjob_script(tmp_path):
@@ -28,9 +30,17 @@ def test_dry_run_prints_plan_and_hetjob_script(tmp_path):
 
 
 def test_dry_run_with_a_judge_shows_the_reward_server_component(tmp_path):
-    proc = run("recipe=moe_grpo", "nodes=128", f"run.output_dir={tmp_path}", "reward.functions=[{name: math}, {name: judge, weight: 0.5}]",
-               "reward.judge.model=policy", "reward.server.replicas=8", "reward.server.tensor_parallel=4", "reward.server.partition=judge",
-               "--dry-run")
+    proc = run(
+        "recipe=moe_grpo",
+        "nodes=128",
+        f"run.output_dir={tmp_path}",
+        "reward.functions=[{name: math}, {name: judge, weight: 0.5}]",
+        "reward.judge.model=policy",
+        "reward.server.replicas=8",
+        "reward.server.tensor_parallel=4",
+        "reward.server.partition=judge",
+        "--dry-run",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "reward_server" in proc.stdout and "frozen judge replica(s), TP 4 on 'judge'" in proc.stdout
     script = (tmp_path / "moe_grpo" / "job.sbatch").read_text()

@@ -17,8 +17,17 @@ pytestmark = pytest.mark.mpi
 
 def launch(tmp_path, *overrides, env_extra=None, **popen):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", "--check", *overrides]
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "recipe=tiny_grpo",
+        f"run.output_dir={tmp_path}",
+        "--check",
+        *overrides,
+    ]
+    return subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
 
 
 def workers_of(run_dir: Path) -> list[psutil.Process]:
@@ -44,7 +53,12 @@ def test_handshake_across_all_roles(tmp_path):
     assert len({r["pid"] for r in record["ranks"]} | {record["orchestrator"]["pid"]}) == 5  # one process per rank
     assert (run_dir / "config.yaml").exists() and (run_dir / "plan.json").exists()
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
-        "orchestrator_0.log", "reward_0.log", "reward_1.log", "rollout_0.log", "trainer_0.log"]
+        "orchestrator_0.log",
+        "reward_0.log",
+        "reward_1.log",
+        "rollout_0.log",
+        "trainer_0.log",
+    ]
 
 
 def test_crashing_role_brings_the_job_down_with_its_traceback(tmp_path):

@@ -15,7 +15,9 @@ def check_consistent(plan: Plan):
     assert [a.world_rank for a in plan.assignments] == list(range(plan.world_size))
     assert sum(c.total_tasks for c in plan.components) == plan.world_size
     order = [c.name for c in plan.components]
-    assert [order.index(a.component) for a in plan.assignments] == sorted(order.index(a.component) for a in plan.assignments)
+    assert [order.index(a.component) for a in plan.assignments] == sorted(
+        order.index(a.component) for a in plan.assignments
+    )
     for role, n in plan.role_sizes().items():
         assert sorted(a.role_rank for a in plan.assignments if a.role == role) == list(range(n))
     for a in plan.assignments:
@@ -28,7 +30,14 @@ def check_consistent(plan: Plan):
 def test_tiny_grpo_local_plan():
     plan = plan_of("tiny_grpo")
     check_consistent(plan)
-    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward_server": 0, "reward": 1, "env": 0, "orchestrator": 1}
+    assert plan.role_sizes() == {
+        "trainer": 1,
+        "rollout": 1,
+        "reward_server": 0,
+        "reward": 1,
+        "env": 0,
+        "orchestrator": 1,
+    }
     assert [c.name for c in plan.components] == ["local"]
 
 
@@ -41,8 +50,13 @@ def test_a_served_reward_model_gets_its_own_local_rank(recipe):
 
 
 def test_a_judge_pool_is_a_gpu_component_of_its_own_at_scale():
-    judge = ["reward.functions=[{name: judge}]", "reward.judge.model=/models/judge", "reward.server.replicas=8",
-             "reward.server.tensor_parallel=4", "reward.server.partition=judge"]
+    judge = [
+        "reward.functions=[{name: judge}]",
+        "reward.judge.model=/models/judge",
+        "reward.server.replicas=8",
+        "reward.server.tensor_parallel=4",
+        "reward.server.partition=judge",
+    ]
     plan = plan_of("moe_grpo", "nodes=128", *judge)
     check_consistent(plan)
     [pool] = [c for c in plan.components if c.name == "reward_server"]
@@ -79,7 +93,12 @@ def test_moe_colocated_at_scale(nodes):
 @pytest.mark.parametrize("nodes", [8, 128, 1024])
 def test_dense_disaggregated_split(nodes):
     # A step must give every data-parallel rank samples: the batch grows with the cluster.
-    plan = plan_of("dense_grpo", f"nodes={nodes}", f"rollout.engine_nodes={nodes // 4}", f"run.prompts_per_step={max(128, 2 * nodes)}")
+    plan = plan_of(
+        "dense_grpo",
+        f"nodes={nodes}",
+        f"rollout.engine_nodes={nodes // 4}",
+        f"run.prompts_per_step={max(128, 2 * nodes)}",
+    )
     check_consistent(plan)
     assert plan.trainer.nodes == nodes - nodes // 4 and plan.rollout.nodes == nodes // 4
     assert plan.trainer.data_parallel == plan.trainer.world_size // 4
@@ -99,11 +118,21 @@ def test_planning_1024_nodes_is_fast_enough_to_be_interactive():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.tensor_parallel=3"], r"tensor_parallel=3 does not divide model.num_attention_heads=32; valid tensor_parallel values: \[1, 2, 4, 8\]"),
-        (["trainer.tensor_parallel=16", "trainer.pipeline_parallel=1", "trainer.expert_parallel=1"], "does not divide model.num_query_groups|spans nodes"),
+        (
+            ["trainer.tensor_parallel=3"],
+            r"tensor_parallel=3 does not divide model.num_attention_heads=32; valid tensor_parallel values: \[1, 2, "
+            r"4, 8\]",
+        ),
+        (
+            ["trainer.tensor_parallel=16", "trainer.pipeline_parallel=1", "trainer.expert_parallel=1"],
+            "does not divide model.num_query_groups|spans nodes",
+        ),
         (["trainer.pipeline_parallel=5"], r"pipeline_parallel=5 does not divide model.num_layers=48; valid"),
         (["trainer.expert_parallel=3"], r"expert_parallel=3 does not divide model.num_experts=128"),
-        (["nodes=3", "trainer.pipeline_parallel=1", "trainer.expert_parallel=16"], r"not divisible by TP x PP x EP.*nearby node counts that fit: \[4, 8, 12\]"),
+        (
+            ["nodes=3", "trainer.pipeline_parallel=1", "trainer.expert_parallel=16"],
+            r"not divisible by TP x PP x EP.*nearby node counts that fit: \[4, 8, 12\]",
+        ),
         (["rollout.engine_tensor_parallel=3"], r"engine_tensor_parallel=3 does not divide the 8 GPUs"),
         (["rollout.num_engines=33"], r"num_engines=33 cannot be spread evenly over 16 engine nodes.*valid: \[16, 32\]"),
         (["cluster.cpu_nodes=0"], r"cluster.cpu_nodes >= 1"),
@@ -136,7 +165,13 @@ def test_plan_json_round_trip(tmp_path):
 
 def test_ipc_reach_needs_every_engine_on_trainer_rank_0s_gpu():
     """CUDA IPC from trainer rank 0 reaches an engine only where that engine sees rank 0's GPU."""
-    one_engine = plan_of("moe_grpo", "nodes=1", "trainer.pipeline_parallel=1", "trainer.expert_parallel=4", "rollout.engine_tensor_parallel=8")
+    one_engine = plan_of(
+        "moe_grpo",
+        "nodes=1",
+        "trainer.pipeline_parallel=1",
+        "trainer.expert_parallel=4",
+        "rollout.engine_tensor_parallel=8",
+    )
     assert one_engine.rollout.num_engines == 1 and one_engine.engines_share_gpu_of(0)
     two_engines = plan_of("moe_grpo", "nodes=1", "trainer.pipeline_parallel=1", "trainer.expert_parallel=4")
     assert not two_engines.engines_share_gpu_of(0)  # the engine on GPUs 4-7 cannot open rank 0's handles
@@ -154,5 +189,7 @@ def test_cpu_ranks_sit_where_srun_plane_distribution_puts_them():
     # Blocks of plane_block tasks per node, cyclically: the extra (orchestrator) task wraps to node 0.
     assert [a.node for a in ranks] == [(i // cpu.plane_block) % cpu.nodes for i in range(len(ranks))]
     per_node = [sum(a.node == n for a in ranks) for n in range(cpu.nodes)]
-    assert per_node == [cpu.plane_block + 1] + [cpu.plane_block] * (cpu.nodes - 1)  # even, node 0 holds the orchestrator
+    assert per_node == [cpu.plane_block + 1] + [cpu.plane_block] * (
+        cpu.nodes - 1
+    )  # even, node 0 holds the orchestrator
     assert ranks[-1].role == "orchestrator" and ranks[-1].node == 0

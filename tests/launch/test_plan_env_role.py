@@ -5,9 +5,9 @@ import json
 from test_plan import check_consistent, plan_of
 
 from hetrl.config import load_config
+from hetrl.control.plan import Plan, make_plan
 from hetrl.launch import cli
 from hetrl.launch.local import mpiexec_command, threads_per_role
-from hetrl.control.plan import Plan, make_plan
 from hetrl.launch.sbatch import render_sbatch
 
 ROLE = ["env.placement=role"]
@@ -23,7 +23,14 @@ def test_local_plan_places_env_ranks_as_light_cpu_ranks(tmp_path):
     cfg = load_config("tiny_tool_grpo", [*ROLE, "cluster.env_workers_per_node=2"])
     plan = make_plan(cfg)
     check_consistent(plan)
-    assert plan.role_sizes() == {"trainer": 1, "rollout": 1, "reward_server": 0, "reward": 1, "env": 2, "orchestrator": 1}
+    assert plan.role_sizes() == {
+        "trainer": 1,
+        "rollout": 1,
+        "reward_server": 0,
+        "reward": 1,
+        "env": 2,
+        "orchestrator": 1,
+    }
     assert plan.num_env_workers == 2 and "env" in plan.components[0].roles
     inline = load_config("tiny_tool_grpo")
     assert threads_per_role(cfg, plan)["env"] == 1  # env ranks do not take cores from trainer and engine
@@ -33,15 +40,22 @@ def test_local_plan_places_env_ranks_as_light_cpu_ranks(tmp_path):
 
 
 def test_cluster_plan_puts_env_ranks_beside_the_reward_workers_on_every_cpu_node():
-    plan = plan_of("dense_grpo", "nodes=8", *ROLE, "cluster.cpu_nodes=2", "cluster.reward_workers_per_node=2",
-                   "cluster.env_workers_per_node=3")
+    plan = plan_of(
+        "dense_grpo",
+        "nodes=8",
+        *ROLE,
+        "cluster.cpu_nodes=2",
+        "cluster.reward_workers_per_node=2",
+        "cluster.env_workers_per_node=3",
+    )
     check_consistent(plan)
     cpu = plan.components[-1]
     assert (cpu.name, cpu.partition, cpu.nodes, cpu.tasks_per_node, cpu.total_tasks) == ("cpu", "cpu", 2, 6, 11)
     assert cpu.roles == ("orchestrator", "reward", "env")
     on_cpu = [a for a in plan.assignments if a.component == "cpu"]
     assert [(a.node, a.role) for a in on_cpu] == (
-        [(0, "reward")] * 2 + [(0, "env")] * 3 + [(1, "reward")] * 2 + [(1, "env")] * 3 + [(0, "orchestrator")])
+        [(0, "reward")] * 2 + [(0, "env")] * 3 + [(1, "reward")] * 2 + [(1, "env")] * 3 + [(0, "orchestrator")]
+    )
     assert [a.role_rank for a in on_cpu if a.role == "env"] == list(range(6))
     assert all(a.gpus == () for a in on_cpu) and plan.num_env_workers == 6
 

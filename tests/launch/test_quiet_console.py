@@ -24,8 +24,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
-SHORT = ["warm_start.steps=0", "run.steps=3", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=2", "eval.k=1",
-         "checkpoint.every=0", "monitor.rollout_store.enabled=false"]
+SHORT = [
+    "warm_start.steps=0",
+    "run.steps=3",
+    "run.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "eval.num_tasks=2",
+    "eval.k=1",
+    "checkpoint.every=0",
+    "monitor.rollout_store.enabled=false",
+]
 TIMEOUT_S = 300
 VLLM_INFO = "INFO"  # vLLM's lines read "(MainProcess pid=N) INFO 12-04 08:54:03 [model.py:733] ..."
 SUMMARY = "[hetrl] held-out mean reward"
@@ -33,16 +41,29 @@ ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # rich's cursor moves, erasures,
 
 
 def _command(tmp_path: Path, model: Path, *overrides: str) -> list[str]:
-    return [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}",
-            f"model.hf_checkpoint={model}", *SHORT, *overrides]
+    return [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "recipe=tiny_grpo",
+        f"run.output_dir={tmp_path}",
+        f"model.hf_checkpoint={model}",
+        *SHORT,
+        *overrides,
+    ]
 
 
 def _on_a_terminal(command: list[str], columns: int, lines: int) -> tuple[int, str]:
     """Run ``command`` with stdout and stderr on a fresh pseudo-terminal of that size; (exit code, output)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
-    proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     os.close(slave)
     chunks, deadline = [], time.monotonic() + TIMEOUT_S
     try:
@@ -63,8 +84,14 @@ def _on_a_terminal(command: list[str], columns: int, lines: int) -> tuple[int, s
 
 
 def test_the_console_shows_hetrl_lines_only_and_the_logs_the_rest(tmp_path, warm_started_model):
-    proc = subprocess.run(_command(tmp_path, warm_started_model), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        _command(tmp_path, warm_started_model),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-5000:]
     lines = console.splitlines()
@@ -78,7 +105,9 @@ def test_the_console_shows_hetrl_lines_only_and_the_logs_the_rest(tmp_path, warm
 
 
 def test_verbose_on_a_terminal_shows_the_live_view_and_the_libraries_output(tmp_path, warm_started_model):
-    code, console = _on_a_terminal(_command(tmp_path, warm_started_model, "monitor.verbose=true"), columns=200, lines=40)
+    code, console = _on_a_terminal(
+        _command(tmp_path, warm_started_model, "monitor.verbose=true"), columns=200, lines=40
+    )
     assert code == 0, console[-5000:]
     assert "\x1b[" in console and "RL steps" in console and "eta" in console and "3/3" in console  # rich's live view
     assert "step 1/3 | " not in console  # not the plain lines

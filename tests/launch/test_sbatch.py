@@ -39,14 +39,16 @@ LAYOUTS = {  # nodes -> (recipe, overrides)
     1: ("dense_grpo", ["rollout.placement=colocated", "nodes=1"]),
     8: ("dense_grpo", ["nodes=8"]),
     128: ("moe_grpo", ["nodes=128"]),
-    1024: ("moe_grpo", ["nodes=1024", "cluster.account=proj", "cluster.qos=high", "cluster.constraint=h100",
-                        "cluster.reservation=rl"]),
+    1024: (
+        "moe_grpo",
+        ["nodes=1024", "cluster.account=proj", "cluster.qos=high", "cluster.constraint=h100", "cluster.reservation=rl"],
+    ),
 }
 
 
 def parse_script(text: str) -> tuple[dict[str, str], list[dict[str, str]], list[str]]:
     """(job-wide directives, one dict of directives per het component, srun het-step words)."""
-    directives = [line[len("#SBATCH "):] for line in text.splitlines() if line.startswith("#SBATCH ")]
+    directives = [line[len("#SBATCH ") :] for line in text.splitlines() if line.startswith("#SBATCH ")]
     groups: list[dict[str, str]] = [{}]
     for directive in directives:
         if directive == "hetjob":
@@ -57,7 +59,7 @@ def parse_script(text: str) -> tuple[dict[str, str], list[dict[str, str]], list[
         groups[-1][key] = value
     job_keys = ("job-name", "chdir", "output", "open-mode", "requeue", "no-requeue", "signal")
     job = {k: groups[0].pop(k) for k in job_keys if k in groups[0]}
-    launch = text[text.index("# >>> hetrl:launch"):text.index("# <<< hetrl:launch")]
+    launch = text[text.index("# >>> hetrl:launch") : text.index("# <<< hetrl:launch")]
     srun_words = shlex.split(launch.split("\n", 1)[1].replace("\\\n", " "))
     assert srun_words[0] == "srun" and srun_words[-1] == "&"
     return job, groups, srun_words[:-1]
@@ -106,11 +108,12 @@ def test_components_match_the_plan(nodes: int, tmp_path: Path) -> None:
     for command, component, group in zip(commands, plan.components, groups):
         worker = command.index("$PYTHON")
         assert command[worker:] == ["$PYTHON", "-m", "hetrl.launch.worker", "--run-dir", "$RUN_DIR"]
-        env_words = command[command.index("env"):worker]
+        env_words = command[command.index("env") : worker]
         unset = [] if component.gpus_per_node else ["-u", "CUDA_VISIBLE_DEVICES", "-u", "SLURM_JOB_GPUS"]
         threads = str(int(group["cpus-per-task"]))
         assert env_words == ["env", *unset, f"OMP_NUM_THREADS={threads}", f"HETRL_THREADS={threads}"], (
-            "only GPU-less components drop the GPU env leaked from component 0; every rank's threads match its cores")
+            "only GPU-less components drop the GPU env leaked from component 0; every rank's threads match its cores"
+        )
 
 
 def test_uneven_component_uses_plane_distribution(tmp_path: Path) -> None:
@@ -136,7 +139,9 @@ def test_single_component_uses_the_colocated_template(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("template", [HETJOB_TEMPLATE, COLOCATED_TEMPLATE], ids=lambda p: p.name)
 def test_rendering_keeps_the_template_outside_its_blocks(template: Path, tmp_path: Path) -> None:
-    cfg = load_config("dense_grpo", ["nodes=8"] if template == HETJOB_TEMPLATE else ["nodes=1", "rollout.placement=colocated"])
+    cfg = load_config(
+        "dense_grpo", ["nodes=8"] if template == HETJOB_TEMPLATE else ["nodes=1", "rollout.placement=colocated"]
+    )
     plan = make_plan(cfg)
     if template == COLOCATED_TEMPLATE:
         plan = type(plan)(**{**plan.__dict__, "components": plan.components[:1]})
@@ -160,15 +165,21 @@ def test_fill_template_rejects_missing_blocks() -> None:
 
 
 def test_container_wraps_each_component(tmp_path: Path) -> None:
-    cfg = load_config("dense_grpo", ["nodes=8", "cluster.container=/images/hetrl 1.sif", "cluster.container_binds=[/data, /ckpt:/ckpt:ro]"])
+    cfg = load_config(
+        "dense_grpo",
+        ["nodes=8", "cluster.container=/images/hetrl 1.sif", "cluster.container_binds=[/data, /ckpt:/ckpt:ro]"],
+    )
     plan = make_plan(cfg)
     text = render_sbatch(plan, cfg.cluster, str(tmp_path))
     assert "CONTAINER_IMAGE='/images/hetrl 1.sif'" in text
-    assert 'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" --bind /data --bind /ckpt:/ckpt:ro "$CONTAINER_IMAGE" python)' in text
+    assert (
+        'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" --bind /data --bind /ckpt:/ckpt:ro "$CONTAINER_IMAGE" python)'
+        in text
+    )
     _, _, srun = parse_script(text)
     for command, component in zip(het_commands(srun), plan.components):
         start = command.index("apptainer")
-        exec_words = command[start:command.index("$CONTAINER_IMAGE")]
+        exec_words = command[start : command.index("$CONTAINER_IMAGE")]
         assert exec_words[:2] == ["apptainer", "exec"]
         assert ("--nv" in exec_words) == bool(component.gpus_per_node)
         assert exec_words[-6:] == ["--bind", "$RUN_DIR", "--bind", "/data", "--bind", "/ckpt:/ckpt:ro"]
@@ -222,8 +233,12 @@ def fake_slurm(tmp_path: Path) -> dict[str, str]:
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_RECORD": str(tmp_path / "record"),
-            "SLURM_JOB_ID": "4242"}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_RECORD": str(tmp_path / "record"),
+        "SLURM_JOB_ID": "4242",
+    }
 
 
 def _prepared_run_dir(parent: Path, name: str) -> tuple[Path, Path]:
@@ -240,7 +255,9 @@ def test_hostile_run_dir_reaches_srun_verbatim(name: str, tmp_path: Path, fake_s
     run_dir, script = _prepared_run_dir(tmp_path, name)
     job, _, _ = parse_script(script.read_text())
     assert job.get("chdir") == (None if "\n" in name else str(run_dir))
-    done = subprocess.run(["bash", str(script)], env=fake_slurm, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(script)], env=fake_slurm, cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads(Path(fake_slurm["FAKE_RECORD"]).read_text())
     assert record["cwd"] == str(run_dir)
@@ -258,20 +275,31 @@ def test_script_refuses_an_unprepared_run_dir(tmp_path: Path, fake_slurm: dict[s
 
 
 @pytest.mark.parametrize(("mode", "requeued"), [("requeue", True), ("crash", False), ("ok", False)])
-def test_requeue_only_on_the_requeue_exit_code(mode: str, requeued: bool, tmp_path: Path, fake_slurm: dict[str, str]) -> None:
+def test_requeue_only_on_the_requeue_exit_code(
+    mode: str, requeued: bool, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     _, script = _prepared_run_dir(tmp_path, "run")
-    done = subprocess.run(["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": mode}, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": mode}, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == {"ok": 0, "requeue": REQUEUE_EXIT_CODE, "crash": 1}[mode]
     scontrol = Path(fake_slurm["FAKE_RECORD"] + ".scontrol")
     assert (scontrol.read_text() == "requeue 4242\n") if requeued else not scontrol.exists()
 
 
 @pytest.mark.parametrize(("mode", "requeued"), [("hung", True), ("hung_again", False)])
-def test_a_hung_step_requeues_while_restarts_are_left(mode: str, requeued: bool, tmp_path: Path, fake_slurm: dict[str, str]) -> None:
+def test_a_hung_step_requeues_while_restarts_are_left(
+    mode: str, requeued: bool, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     """The watchdog killed the step; it left hang/requeue only if monitor.hang_restarts allows one more."""
     run_dir, script = _prepared_run_dir(tmp_path, "run")
-    assert '"${BATCH_PYTHON[@]}" -m hetrl.launch.watchdog --run-dir "$RUN_DIR" --step-pid "$SRUN_PID" &' in script.read_text()
-    done = subprocess.run(["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": mode}, capture_output=True, text=True, timeout=30)
+    assert (
+        '"${BATCH_PYTHON[@]}" -m hetrl.launch.watchdog --run-dir "$RUN_DIR" --step-pid "$SRUN_PID" &'
+        in script.read_text()
+    )
+    done = subprocess.run(
+        ["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": mode}, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 137
     scontrol = Path(fake_slurm["FAKE_RECORD"] + ".scontrol")
     assert (scontrol.read_text() == "requeue 4242\n") if requeued else not scontrol.exists()
@@ -280,7 +308,9 @@ def test_a_hung_step_requeues_while_restarts_are_left(mode: str, requeued: bool,
 
 def test_usr1_to_the_batch_shell_reaches_the_ranks_and_requeues(tmp_path: Path, fake_slurm: dict[str, str]) -> None:
     _, script = _prepared_run_dir(tmp_path, "run")
-    proc = subprocess.Popen(["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": "wait"}, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)], env={**fake_slurm, "FAKE_SRUN_MODE": "wait"}, stdout=subprocess.PIPE, text=True
+    )
     ready = Path(fake_slurm["FAKE_RECORD"] + ".ready")
     deadline = time.monotonic() + 20
     while not ready.exists():

@@ -7,7 +7,6 @@ interpreter is a stand-in worker (slurm_fake_worker.py): the Slurm side is real,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,14 +15,20 @@ from pathlib import Path
 import pytest
 
 from hetrl.config import load_config
-from hetrl.launch import slurm
 from hetrl.control.plan import make_plan
+from hetrl.launch import slurm
 from hetrl.launch.sbatch import write_sbatch
 from tests.launch.local_cluster import NEEDS_LOCAL_CLUSTER
 
 FAKE_WORKER = Path(__file__).with_name("slurm_fake_worker.py")
-LOCAL = ["cluster.launcher=slurm", "cluster.gpus_per_node=2", "cluster.cpus_per_node=8", "cluster.reward_workers_per_node=2",
-         "cluster.time_limit=00:05:00", "nodes=1"]
+LOCAL = [
+    "cluster.launcher=slurm",
+    "cluster.gpus_per_node=2",
+    "cluster.cpus_per_node=8",
+    "cluster.reward_workers_per_node=2",
+    "cluster.time_limit=00:05:00",
+    "nodes=1",
+]
 
 
 pytestmark = NEEDS_LOCAL_CLUSTER
@@ -42,7 +47,7 @@ def _submit(run_dir: Path, mode: str, monkeypatch: pytest.MonkeyPatch, overrides
     plan.save(run_dir)
     (run_dir / "config.yaml").write_text("recipe: tiny_grpo\n")
     python = run_dir.parent / "fake-python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_WORKER} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_WORKER} "$@"\n')
     python.chmod(0o755)
     monkeypatch.setenv("FAKE_WORKER_MODE", mode)  # sbatch exports the submitting environment
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -62,8 +67,12 @@ def test_hetjob_runs_one_mpi_world_with_per_component_gpus(run_dir: Path, monkey
     final = slurm.wait(run_dir, timeout_s=60)
     assert final.state == "COMPLETED" and [c.state for c in final.components] == ["COMPLETED", "COMPLETED"]
     plan = json.loads((run_dir / "plan.json").read_text())
-    records = [json.loads(line.split("FAKE ", 1)[1]) for path in slurm.log_files(run_dir)
-               for line in path.read_text().splitlines() if "FAKE " in line]
+    records = [
+        json.loads(line.split("FAKE ", 1)[1])
+        for path in slurm.log_files(run_dir)
+        for line in path.read_text().splitlines()
+        if "FAKE " in line
+    ]
     world = len(plan["assignments"])
     assert sorted(r["rank"] for r in records) == list(range(world)) and {r["size"] for r in records} == {world}
     by_rank = {r["rank"]: r for r in records}
@@ -106,7 +115,9 @@ def test_preemption_signal_checkpoints_requeues_and_resumes(run_dir: Path, monke
 
 
 def test_bad_partition_is_a_clear_error(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(slurm.SlurmSubmitError, match=r"(?s)invalid partition.*nope.*cluster\.gpu_partition.*gpu\*? \(4 nodes"):
+    with pytest.raises(
+        slurm.SlurmSubmitError, match=r"(?s)invalid partition.*nope.*cluster\.gpu_partition.*gpu\*? \(4 nodes"
+    ):
         _submit(run_dir, "probe", monkeypatch, ("cluster.gpu_partition=nope",))
     assert not (run_dir / "slurm_job.json").exists()
 
@@ -114,14 +125,18 @@ def test_bad_partition_is_a_clear_error(run_dir: Path, monkeypatch: pytest.Monke
 def test_over_large_request_is_a_clear_error(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 9 nodes feed 18 data-parallel ranks, more than tiny_grpo's 16 groups a step could if shared prompts kept
     # each group on one rank: that refusal is the plan's (tests/control), this one is Slurm's.
-    with pytest.raises(slurm.SlurmSubmitError, match=r"(?s)Slurm rejected the job: .*(Node count|processors).*lower nodes="):
+    with pytest.raises(
+        slurm.SlurmSubmitError, match=r"(?s)Slurm rejected the job: .*(Node count|processors).*lower nodes="
+    ):
         _submit(run_dir, "probe", monkeypatch, ("nodes=9", "trainer.shared_prompts=false"))
 
 
 @pytest.mark.parametrize("nodes", [128, 1024])
 def test_scale_renders_pass_sbatch_test_only(nodes: int, tmp_path: Path) -> None:
     """The scale_* partitions are never-booted CLOUD nodes (1024 x 8 GPUs): --test-only validates."""
-    cfg = load_config("moe_grpo", [f"nodes={nodes}", "cluster.gpu_partition=scale_gpu", "cluster.cpu_partition=scale_cpu"])
+    cfg = load_config(
+        "moe_grpo", [f"nodes={nodes}", "cluster.gpu_partition=scale_gpu", "cluster.cpu_partition=scale_cpu"]
+    )
     script = write_sbatch(make_plan(cfg), cfg.cluster, tmp_path)
     done = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0 and f"sgpu[1-{nodes}]" in done.stderr, done.stderr

@@ -37,11 +37,20 @@ JOB_TIMEOUT_S = 1500
 
 def launch(*words: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "launch.py", *words], cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env)
+    return subprocess.run(
+        [sys.executable, "launch.py", *words], cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env
+    )
 
 
 def submit(root: Path, name: str, *overrides: str) -> Path:
-    done = launch("recipe=tiny_grpo", "cluster=local_slurm", "trainer.precision=fp32", f"run.output_dir={root}", f"run.name={name}", *overrides)
+    done = launch(
+        "recipe=tiny_grpo",
+        "cluster=local_slurm",
+        "trainer.precision=fp32",
+        f"run.output_dir={root}",
+        f"run.name={name}",
+        *overrides,
+    )
     assert done.returncode == 0 and "submitted job" in done.stdout, done.stdout + done.stderr
     return root / name
 
@@ -82,12 +91,18 @@ def wait_for_log_line(run_dir: Path, log: str, line: str, what: str) -> None:
         state = slurm.status(run_dir)
         ended = state.done and line not in _text(run_dir / "logs" / f"{log}.log")  # it may have come meanwhile
         if ended or time.monotonic() > deadline:
-            queue = subprocess.run(["squeue", "-o", "%i %P %j %T %M %R"], capture_output=True, text=True, timeout=30).stdout
-            nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True, timeout=30).stdout
+            queue = subprocess.run(
+                ["squeue", "-o", "%i %P %j %T %M %R"], capture_output=True, text=True, timeout=30
+            ).stdout
+            nodes = subprocess.run(
+                ["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True, timeout=30
+            ).stdout
             launch("cancel", str(run_dir))
             why = "the job ended" if ended else f"timed out after {JOB_TIMEOUT_S}s"
-            pytest.fail(f"{why} waiting for {what} ({line!r} in logs/{log}.log)\n{state}\nsqueue:\n{queue}\nsinfo:\n{nodes}\n"
-                        f"{slurm.logs(run_dir)}")
+            pytest.fail(
+                f"{why} waiting for {what} ({line!r} in logs/{log}.log)\n{state}\nsqueue:\n{queue}\nsinfo:\n{nodes}\n"
+                f"{slurm.logs(run_dir)}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +126,9 @@ def finished_run(runs_root: Path) -> tuple[Path, float]:
 def test_tiny_grpo_hetjob_completes_and_runs_the_loop(finished_run: tuple[Path, float]) -> None:
     run_dir, seconds = finished_run
     final = slurm.status(run_dir)
-    assert final.state == "COMPLETED" and [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], slurm.logs(run_dir)
+    assert final.state == "COMPLETED" and [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], slurm.logs(
+        run_dir
+    )
     assert final.components[0].nodes.startswith("gpu") and final.components[1].nodes.startswith("cpu")
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("eval_before", "eval_after_warm_start", "eval_after"):
@@ -127,7 +144,10 @@ def test_status_and_logs_report_the_run(finished_run: tuple[Path, float]) -> Non
     job_id = slurm.job_id_of(run_dir)
     status = launch("status", str(run_dir))
     assert status.returncode == 0, status.stderr
-    assert re.search(rf"job {job_id}: COMPLETED\n  component 0: COMPLETED on gpu\d.*\n  component 1: COMPLETED on cpu\d", status.stdout), status.stdout
+    assert re.search(
+        rf"job {job_id}: COMPLETED\n  component 0: COMPLETED on gpu\d.*\n  component 1: COMPLETED on cpu\d",
+        status.stdout,
+    ), status.stdout
     logs = launch("logs", str(run_dir))
     assert logs.returncode == 0, logs.stderr
     for name in ROLE_LOGS:  # every rank's own log, and what it wrote there
@@ -138,7 +158,9 @@ def test_status_and_logs_report_the_run(finished_run: tuple[Path, float]) -> Non
     # --label) is shown too: the loop's result on cpu.
     assert re.search(r"==> .*/logs/rollout_0\.log <==(.|\n)*init engine", logs.stdout)
     assert re.search(r"==> .*/logs/train-node0\.log <==", logs.stdout)
-    assert re.search(r"==> .*/logs/cpu-node0\.log <==(.|\n)*\d: \[hetrl\] held-out mean reward \(.*\): before", logs.stdout)
+    assert re.search(
+        r"==> .*/logs/cpu-node0\.log <==(.|\n)*\d: \[hetrl\] held-out mean reward \(.*\): before", logs.stdout
+    )
     assert f"hetrl: job {job_id} (restart 0)" in logs.stdout
 
 
@@ -149,8 +171,11 @@ def test_tiny_grpo_hetjob_learns(runs_root: Path) -> None:
     final = slurm.wait(run_dir, timeout_s=JOB_TIMEOUT_S, poll_s=5)
     assert final.state == "COMPLETED", slurm.logs(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    print(f"tiny_grpo hetjob: held-out {summary['eval_before']:.3f} -> {summary['eval_after_warm_start']:.3f} (warm start) "
-          f"-> {summary['eval_after']:.3f} (RL)")
+    print(
+        f"tiny_grpo hetjob: held-out {summary['eval_before']:.3f} -> {summary['eval_after_warm_start']:.3f} (warm "
+        f"start) "
+        f"-> {summary['eval_after']:.3f} (RL)"
+    )
     assert_tiny_grpo_learned(summary)
 
 
@@ -198,8 +223,15 @@ def test_hung_job_is_killed_named_requeued_and_resumes(runs_root: Path) -> None:
     """A reward rank frozen (SIGSTOP) mid-RL: the watchdog beside srun names it, saves the other
     ranks' stacks, kills the step, and the script requeues the job, which resumes from its last
     checkpoint and completes."""
-    run_dir = submit(runs_root, "hung", *SHORT[1:], "run.steps=12", "checkpoint.every=1", "monitor.hang_timeout_s=45",
-                     "monitor.hang_restarts=1")
+    run_dir = submit(
+        runs_root,
+        "hung",
+        *SHORT[1:],
+        "run.steps=12",
+        "checkpoint.every=1",
+        "monitor.hang_timeout_s=45",
+        "monitor.hang_restarts=1",
+    )
     job_id = slurm.job_id_of(run_dir)
     deadline = time.monotonic() + JOB_TIMEOUT_S  # freeze at once: the 12 RL steps take ~30 s
     while "serving weights v4" not in _text(run_dir / "logs" / "rollout_0.log"):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hetrl.config import load_config
-from hetrl.launch import slurm
 from hetrl.control.plan import make_plan
+from hetrl.launch import slurm
 
 FAKE = textwrap.dedent("""\
     #!{python}
@@ -30,7 +30,9 @@ FAKE = textwrap.dedent("""\
     sys.exit(answer.get("rc", 0))
     """)
 TOOLS = ("sbatch", "sacct", "squeue", "scontrol", "scancel", "sinfo", "srun")
-SACCT_RUNNING = "JobID|State|NodeList|ExitCode\n77+0|RUNNING|gpu1|0:0\n77+0.batch|RUNNING|gpu1|0:0\n77+1|RUNNING|cpu1|0:0\n"
+SACCT_RUNNING = (
+    "JobID|State|NodeList|ExitCode\n77+0|RUNNING|gpu1|0:0\n77+0.batch|RUNNING|gpu1|0:0\n77+1|RUNNING|cpu1|0:0\n"
+)
 SACCT_DONE = "JobID|State|NodeList|ExitCode\n77+0|COMPLETED|gpu1|0:0\n77+1|COMPLETED|cpu1|0:0\n"
 
 
@@ -60,7 +62,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def prepared(tmp_path: Path):
     cfg = load_config("tiny_grpo", ["cluster.launcher=slurm", "cluster.gpus_per_node=2", "cluster.cpus_per_node=8"])
     plan = make_plan(cfg)
-    run_dir = tmp_path / "run \"x\"\nnewline"
+    run_dir = tmp_path / 'run "x"\nnewline'
     run_dir.mkdir()
     plan.save(run_dir)
     (run_dir / "config.yaml").write_text("recipe: tiny_grpo\n")
@@ -85,9 +87,11 @@ def test_status_prefers_the_live_queue_then_accounting(fake, prepared) -> None:
     plan, cluster, run_dir = prepared
     slurm.submit(plan, cluster, run_dir)
     # sacct lags: it still says PENDING while slurmctld already runs the job.
-    answer(sacct={"stdout": SACCT_RUNNING.replace("RUNNING", "PENDING")},
-           squeue={"stdout": "77+1|RUNNING|None\n77+0|RUNNING|None\n"},
-           scontrol={"stdout": "JobId=77 HetJobId=77 JobState=RUNNING Requeue=1 Restarts=2 BatchFlag=1\n"})
+    answer(
+        sacct={"stdout": SACCT_RUNNING.replace("RUNNING", "PENDING")},
+        squeue={"stdout": "77+1|RUNNING|None\n77+0|RUNNING|None\n"},
+        scontrol={"stdout": "JobId=77 HetJobId=77 JobState=RUNNING Requeue=1 Restarts=2 BatchFlag=1\n"},
+    )
     live = slurm.status(run_dir)
     assert live.state == "RUNNING" and [c.state for c in live.components] == ["RUNNING", "RUNNING"]
     assert live.restarts == 2 and not live.done and live.components[1].nodes == "cpu1"
@@ -102,18 +106,34 @@ def test_pending_reason_is_reported(fake, prepared) -> None:
     answer, _ = fake
     plan, cluster, run_dir = prepared
     slurm.submit(plan, cluster, run_dir)
-    answer(sacct={"stdout": SACCT_RUNNING.replace("RUNNING", "PENDING")}, squeue={"stdout": "77+0|PENDING|Resources\n77+1|PENDING|Resources\n"})
+    answer(
+        sacct={"stdout": SACCT_RUNNING.replace("RUNNING", "PENDING")},
+        squeue={"stdout": "77+0|PENDING|Resources\n77+1|PENDING|Resources\n"},
+    )
     pending = slurm.status(run_dir)
     assert pending.state == "PENDING" and pending.reason == "Resources"
 
 
-@pytest.mark.parametrize(("stderr", "hint"), [
-    ("sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission failed: Invalid partition name specified\n",
-     "cluster.gpu_partition"),
-    ("sbatch: error: Batch job submission failed: Node count specification invalid\n", "lower nodes="),
-    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n", "cluster.account"),
-    ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)\n", "cluster.time_limit"),
-])
+@pytest.mark.parametrize(
+    ("stderr", "hint"),
+    [
+        (
+            "sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission failed: Invalid "
+            "partition name specified\n",
+            "cluster.gpu_partition",
+        ),
+        ("sbatch: error: Batch job submission failed: Node count specification invalid\n", "lower nodes="),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n",
+            "cluster.account",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some "
+            "limit)\n",
+            "cluster.time_limit",
+        ),
+    ],
+)
 def test_sbatch_refusals_become_clear_errors(fake, prepared, stderr: str, hint: str) -> None:
     answer, _ = fake
     plan, cluster, run_dir = prepared
@@ -129,7 +149,11 @@ def test_sbatch_refusals_become_clear_errors(fake, prepared, stderr: str, hint: 
 def test_a_job_that_can_never_start_is_cancelled_and_explained(fake, prepared) -> None:
     answer, calls = fake
     plan, cluster, run_dir = prepared
-    answer(sbatch={"stdout": "Submitted batch job 77\n"}, squeue={"stdout": "77+0|PENDING|PartitionNodeLimit\n"}, sinfo={"stdout": "gpu* 4 gpu:2\n"})
+    answer(
+        sbatch={"stdout": "Submitted batch job 77\n"},
+        squeue={"stdout": "77+0|PENDING|PartitionNodeLimit\n"},
+        sinfo={"stdout": "gpu* 4 gpu:2\n"},
+    )
     with pytest.raises(slurm.SlurmSubmitError, match="(?s)PartitionNodeLimit.*lower nodes="):
         slurm.submit(plan, cluster, run_dir)
     assert ["scancel", "77"] in calls()

@@ -61,7 +61,14 @@ def test_a_rank_writes_its_libraries_output_to_its_log_and_hetrl_lines_to_the_co
     assert proc.stdout == ""
     assert proc.stderr == "[hetrl] console line\n"
     logged = log.read_text()
-    for line in ("fd 1 chatter", "fd 2 chatter", "C++ chatter", "UserWarning: library warning", "child chatter", "sys.stdout line pipe"):
+    for line in (
+        "fd 1 chatter",
+        "fd 2 chatter",
+        "C++ chatter",
+        "UserWarning: library warning",
+        "child chatter",
+        "sys.stdout line pipe",
+    ):
         assert line in logged, line
 
 
@@ -79,7 +86,10 @@ def test_a_crash_report_reaches_the_console_and_the_log(tmp_path):
     log = tmp_path / "rollout_0.log"
     proc = _child(CRASH, str(log))
     assert proc.returncode == 7
-    assert proc.stderr.startswith("\n[hetrl] rollout[0] (world rank 1) crashed:\nTraceback") and "RuntimeError: boom" in proc.stderr
+    assert (
+        proc.stderr.startswith("\n[hetrl] rollout[0] (world rank 1) crashed:\nTraceback")
+        and "RuntimeError: boom" in proc.stderr
+    )
     assert "CRITICAL:root:crashed" in log.read_text() and "RuntimeError: boom" in log.read_text()
 
 

@@ -33,7 +33,10 @@ class ScriptedJudge:
             raise RuntimeError("the judge engine died")
         if any("stuck" in p for p in prompts) or (self.rank == 0 and any("slow" in p for p in prompts)):
             time.sleep(2.5 * TIMEOUT_S)
-        return [ValueError("too long for the judge") if "toolong" in p else CompletionResult(f"{self.rank}:{p}") for p in prompts]
+        return [
+            ValueError("too long for the judge") if "toolong" in p else CompletionResult(f"{self.rank}:{p}")
+            for p in prompts
+        ]
 
 
 def context(world) -> SimpleNamespace:

@@ -46,16 +46,24 @@ def test_the_rule_on_a_scripted_sequence():
     metric, then the bound the next step is held to."""
     rule = build_adaptive_bound(_adaptive())
     script = [
-        (0.1, 8), (0.2, 8),  # calm at the ceiling: it cannot grow further
+        (0.1, 8),
+        (0.2, 8),  # calm at the ceiling: it cannot grow further
         (2.0, 4),  # over the target: halved
         (0.7, 4),  # in the band (0.5, 1]: held, the calm count reset
-        (0.4, 4), (0.7, 4), (0.4, 4),  # a band step broke the run of calm ones
+        (0.4, 4),
+        (0.7, 4),
+        (0.4, 4),  # a band step broke the run of calm ones
         (0.4, 5),  # two calm steps in a row: one more
         (1.0, 5),  # the target itself is not over it
         (math.nan, 2),  # a non-finite mismatch counts as over the target
-        (3.0, 1), (5.0, 1),  # halved down to the floor, and no lower
-        (None, 1), (0.1, 1), (None, 1), (0.5, 2),  # a step without the metric holds the bound and the count
-        (0.0, 2), (0.0, 3),
+        (3.0, 1),
+        (5.0, 1),  # halved down to the floor, and no lower
+        (None, 1),
+        (0.1, 1),
+        (None, 1),
+        (0.5, 2),  # a step without the metric holds the bound and the count
+        (0.0, 2),
+        (0.0, 3),
     ]
     assert rule.bound == 8  # it starts at the ceiling
     assert [(value, rule.update(value)) for value, _ in script] == script
@@ -87,19 +95,33 @@ def test_fixed_bounds_and_look_ahead():
     assert look_ahead(ScheduleConfig(type="async", max_staleness=4), 1) == 1  # async looks ahead as far as its bound
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["schedule.type=one_step_off"], "adaptive_staleness.enabled=true needs schedule.type=async .got 'one_step_off'"),
-    (["schedule.adaptive_staleness.min_staleness=3"],
-     "min_staleness=3 leaves the bound no room below its ceiling schedule.max_staleness=3"),
-    (["schedule.adaptive_staleness.metric=is/truncated_frac", "algorithm.is_correction=masked"],
-     "metric=is/truncated_frac is measured only with algorithm.is_correction=truncated, but "
-     "algorithm.is_correction='masked'"),
-    (["schedule.adaptive_staleness.metric=is/masked_frac"],
-     "metric=is/masked_frac is measured only with algorithm.is_correction=masked or icepop, but .*'truncated'"),
-    (["schedule.adaptive_staleness.metric=is/truncated_frac", "algorithm.is_correction=none"],
-     "set algorithm.is_correction=truncated"),
-    (["schedule.adaptive_staleness.metric=staleness/max"], "schedule.adaptive_staleness.metric"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["schedule.type=one_step_off"],
+            "adaptive_staleness.enabled=true needs schedule.type=async .got 'one_step_off'",
+        ),
+        (
+            ["schedule.adaptive_staleness.min_staleness=3"],
+            "min_staleness=3 leaves the bound no room below its ceiling schedule.max_staleness=3",
+        ),
+        (
+            ["schedule.adaptive_staleness.metric=is/truncated_frac", "algorithm.is_correction=masked"],
+            "metric=is/truncated_frac is measured only with algorithm.is_correction=truncated, but "
+            "algorithm.is_correction='masked'",
+        ),
+        (
+            ["schedule.adaptive_staleness.metric=is/masked_frac"],
+            "metric=is/masked_frac is measured only with algorithm.is_correction=masked or icepop, but .*'truncated'",
+        ),
+        (
+            ["schedule.adaptive_staleness.metric=is/truncated_frac", "algorithm.is_correction=none"],
+            "set algorithm.is_correction=truncated",
+        ),
+        (["schedule.adaptive_staleness.metric=staleness/max"], "schedule.adaptive_staleness.metric"),
+    ],
+)
 def test_refused_combinations(overrides, message):
     base = ["schedule.type=async", "schedule.max_staleness=3", "schedule.adaptive_staleness.enabled=true"]
     with pytest.raises(ConfigError, match=message):
@@ -109,8 +131,9 @@ def test_refused_combinations(overrides, message):
 def test_accepted_combinations():
     base = ["schedule.type=async", "schedule.max_staleness=3", "schedule.adaptive_staleness.enabled=true"]
     assert load_config("tiny_grpo", base).schedule.adaptive_staleness.metric == names.MISMATCH_K3_KL
-    load_config("tiny_grpo", [*base, "schedule.adaptive_staleness.metric=is/masked_frac",
-                              "algorithm.is_correction=masked"])
+    load_config(
+        "tiny_grpo", [*base, "schedule.adaptive_staleness.metric=is/masked_frac", "algorithm.is_correction=masked"]
+    )
     load_config("tiny_grpo", [*base, "schedule.adaptive_staleness.metric=is/truncated_frac"])  # truncated: the default
     load_config("tiny_grpo", ["schedule.adaptive_staleness.target=0.5"])  # disabled: its keys are inert
 
@@ -123,6 +146,7 @@ def test_drift_weights_fault_lasts_its_span():
 
 
 # ---------------------------------------------------------------- the orchestrator under a lowered bound
+
 
 class _Stream:
     def __init__(self) -> None:
@@ -148,8 +172,11 @@ def _orchestrator(monkeypatch, schedule: ScheduleConfig, version: int) -> tuple[
     monkeypatch.setattr(orchestrator_module, "send", lambda world, message, rank, tag: sent.append(message))
     orch = Orchestrator.__new__(Orchestrator)
     orch.ctx, orch.monitor = SimpleNamespace(world=None), None
-    orch.cfg = SimpleNamespace(run=SimpleNamespace(prompts_per_step=1), schedule=schedule,
-                               algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False))
+    orch.cfg = SimpleNamespace(
+        run=SimpleNamespace(prompts_per_step=1),
+        schedule=schedule,
+        algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
+    )
     orch.sampling = lambda purpose: None
     orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
     orch.engines, orch.reward_ranks = [ENGINE], [REWARD]
@@ -195,8 +222,15 @@ def test_a_lowered_bound_shrinks_the_look_ahead_and_drops_what_it_outdates(monke
     assert [g[0].group_id for g in batch] == ["t2"] and dropped_stale == 4
     assert orch.stream.cursor == 4, "t3, outstanding, fills the smaller look-ahead: no task drawn for t0 and t1"
     orch.ledger.trained.update(s.sample_id for g in batch for s in g)  # as Orchestrator.train does
-    assert orch.ledger_report() == {"issued": 8, "trained": 2, "dropped": 4, "in_flight": 2, "regenerated": 0,
-                                    "requeued_generation": 0, "requeued_reward": 0}
+    assert orch.ledger_report() == {
+        "issued": 8,
+        "trained": 2,
+        "dropped": 4,
+        "in_flight": 2,
+        "regenerated": 0,
+        "requeued_generation": 0,
+        "requeued_reward": 0,
+    }
     assert orch.state_dict()["adaptive_bound"] == {"bound": 1, "calm_steps": 0}
 
 
@@ -222,12 +256,23 @@ def test_a_resumed_orchestrator_restores_the_bound(monkeypatch):
 STEPS, PROMPTS, GROUP_SIZE = 14, 2, 4
 CEILING, FLOOR, TARGET, PATIENCE = 3, 1, 0.1, 2
 DRIFT_AT = 5  # the trainer's 5th push follows RL step 4 (no warm start): step 5 is the first one drifted
-RIG = [f"run.steps={STEPS}", f"run.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP_SIZE}",
-       "warm_start.steps=0", "eval.num_tasks=1", "eval.k=1", "checkpoint.every=0",
-       "monitor.rollout_store.enabled=false", "trainer.lr=1e-5",
-       "schedule.type=async", f"schedule.max_staleness={CEILING}", "schedule.adaptive_staleness.enabled=true",
-       f"schedule.adaptive_staleness.target={TARGET}", f"schedule.adaptive_staleness.min_staleness={FLOOR}",
-       f"schedule.adaptive_staleness.patience={PATIENCE}"]
+RIG = [
+    f"run.steps={STEPS}",
+    f"run.prompts_per_step={PROMPTS}",
+    f"algorithm.group_size={GROUP_SIZE}",
+    "warm_start.steps=0",
+    "eval.num_tasks=1",
+    "eval.k=1",
+    "checkpoint.every=0",
+    "monitor.rollout_store.enabled=false",
+    "trainer.lr=1e-5",
+    "schedule.type=async",
+    f"schedule.max_staleness={CEILING}",
+    "schedule.adaptive_staleness.enabled=true",
+    f"schedule.adaptive_staleness.target={TARGET}",
+    f"schedule.adaptive_staleness.min_staleness={FLOOR}",
+    f"schedule.adaptive_staleness.patience={PATIENCE}",
+]
 
 
 @pytest.mark.slow
@@ -251,8 +296,8 @@ def test_the_bound_follows_a_rigged_mismatch(launch, warm_started_model, tmp_pat
         rule.update(value)
     assert bounds == replayed, (bounds, k3)
     # At the ceiling while calm, at the floor from the first drifted step on, back at the ceiling after it.
-    assert bounds[:DRIFT_AT + 1] == [CEILING] * (DRIFT_AT + 1), bounds
-    assert bounds[DRIFT_AT + 1:DRIFT_AT + faults.DRIFT_PUSHES + 1] == [FLOOR] * faults.DRIFT_PUSHES, bounds
+    assert bounds[: DRIFT_AT + 1] == [CEILING] * (DRIFT_AT + 1), bounds
+    assert bounds[DRIFT_AT + 1 : DRIFT_AT + faults.DRIFT_PUSHES + 1] == [FLOOR] * faults.DRIFT_PUSHES, bounds
     assert bounds[-1] == CEILING, bounds
     # Each batch held to its step's bound; what the lowered bound outdated was dropped and counted.
     assert all(steps[k][names.STALENESS_MAX] <= bounds[k] for k in range(STEPS)), steps

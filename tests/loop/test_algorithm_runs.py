@@ -30,8 +30,16 @@ def test_tiny_ppo_learns(tmp_path, launch, warm_started_model):
 
 def test_kl_in_the_reward_runs(tmp_path, launch, warm_started_model):
     """algorithm.kl_in_reward: the trainer folds the KL to its reference model into per-token rewards."""
-    launch(tmp_path, f"model.hf_checkpoint={warm_started_model}", "warm_start.steps=0", "run.steps=3", "run.prompts_per_step=4",
-           "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.01", "eval.num_tasks=4")
+    launch(
+        tmp_path,
+        f"model.hf_checkpoint={warm_started_model}",
+        "warm_start.steps=0",
+        "run.steps=3",
+        "run.prompts_per_step=4",
+        "algorithm.kl_in_reward=true",
+        "algorithm.kl_coef=0.01",
+        "eval.num_tasks=4",
+    )
     rows = _metrics(tmp_path / "tiny_grpo")
     assert len(rows) == 3
     assert all("loss/kl" not in row for row in rows)  # in the reward, not in the loss

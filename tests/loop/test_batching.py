@@ -7,8 +7,17 @@ from hetrl.records import Sample
 
 
 def _sample(sample_id: str, length: int, reward: float) -> Sample:
-    return Sample(sample_id=sample_id, group_id="g0", task_name="t", prompt_ids=[1, 2], completion_ids=[5] * length,
-                  loss_mask=[1] * length, logprobs=[-0.5] * length, versions=[0] * length, reward=reward)
+    return Sample(
+        sample_id=sample_id,
+        group_id="g0",
+        task_name="t",
+        prompt_ids=[1, 2],
+        completion_ids=[5] * length,
+        loss_mask=[1] * length,
+        logprobs=[-0.5] * length,
+        versions=[0] * length,
+        reward=reward,
+    )
 
 
 def test_a_batch_without_room_to_generate_is_a_config_error():

@@ -12,8 +12,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
 
 def test_bf16_run_trains_and_the_engine_samples_in_bf16(tmp_path, launch, warm_started_model):
-    launch(tmp_path, f"model.hf_checkpoint={warm_started_model}", "warm_start.steps=0", "run.steps=3", "run.prompts_per_step=4",
-           "trainer.precision=bf16", "eval.num_tasks=4")
+    launch(
+        tmp_path,
+        f"model.hf_checkpoint={warm_started_model}",
+        "warm_start.steps=0",
+        "run.steps=3",
+        "run.prompts_per_step=4",
+        "trainer.precision=bf16",
+        "eval.num_tasks=4",
+    )
     run_dir = tmp_path / "tiny_grpo"
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["precision"] == "bf16"
     assert "dtype=torch.bfloat16" in (run_dir / "logs" / "rollout_0.log").read_text()

@@ -59,8 +59,14 @@ def test_tool_recipe_with_env_ranks(tmp_path):
 def test_code_attempts_run_multi_turn_on_env_ranks(tmp_path):
     """Code episodes with a retry: the random policy's code fails in the env rank's sandbox, the
     failure comes back as an observation and the policy takes a second turn, every episode."""
-    code = ["env.name=code", "env.options.max_attempts=2", "env.tasks.source=human_eval", "env.tasks.options={}",
-            "env.max_episode_tokens=4096", "model.max_position_embeddings=4096"]
+    code = [
+        "env.name=code",
+        "env.options.max_attempts=2",
+        "env.tasks.source=human_eval",
+        "env.tasks.options={}",
+        "env.max_episode_tokens=4096",
+        "model.max_position_embeddings=4096",
+    ]
     run_dir, summary = launch(tmp_path, "run.steps=1", *code)
     assert summary["samples"]["trained"] == 4 * 4
     records = check_samples(run_dir, steps=1)

@@ -48,8 +48,13 @@ def test_resolve_errors(tmp_path):
     (tmp_path / "step_00000001.tmp").mkdir()
     (tmp_path / "no_weights").mkdir()
     (tmp_path / "no_weights" / "config.json").write_text("{}")
-    for name, message in [("missing", "does not exist"), ("file", "is a file"), ("empty", "neither an HF checkpoint"),
-                          ("step_00000001.tmp", "unfinished"), ("no_weights", "neither an HF checkpoint")]:
+    for name, message in [
+        ("missing", "does not exist"),
+        ("file", "is a file"),
+        ("empty", "neither an HF checkpoint"),
+        ("step_00000001.tmp", "unfinished"),
+        ("no_weights", "neither an HF checkpoint"),
+    ]:
         with pytest.raises(CheckpointError, match=message):
             resolve_checkpoint(tmp_path / name)
 
@@ -76,11 +81,15 @@ def test_model_shape_check_of_a_vision_language_checkpoint():
         check_model_shape(model, {**saved, "text_config": {**saved["text_config"], "num_hidden_layers": 3}}, "x")
     from hetrl.loop.evaluate import _recipe_config
 
-    other = load_config("tiny_vlm_grpo", ["model.vision.patch_size=8"]).model  # what a trainer checkpoint's run config says
+    other = load_config(
+        "tiny_vlm_grpo", ["model.vision.patch_size=8"]
+    ).model  # what a trainer checkpoint's run config says
     with pytest.raises(CheckpointError, match="vision.patch_size: recipe 16, checkpoint 8"):
         check_model_shape(model, {**_recipe_config(other), "architectures": ["LlavaForConditionalGeneration"]}, "x")
     with pytest.raises(CheckpointError, match="architecture: recipe LlavaForConditionalGeneration"):
-        check_model_shape(model, {**hf_config_dict(load_config("tiny_grpo").model), "architectures": ["LlamaForCausalLM"]}, "x")
+        check_model_shape(
+            model, {**hf_config_dict(load_config("tiny_grpo").model), "architectures": ["LlamaForCausalLM"]}, "x"
+        )
 
 
 def test_trainer_checkpoint_of_another_shape_is_refused_before_loading(tmp_path):

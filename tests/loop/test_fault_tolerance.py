@@ -13,15 +13,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Two minibatches per step also exercises the PPO-style update path (old log-probs from the step's start).
-SMALL = ["run.steps=3", "warm_start.steps=0", "run.prompts_per_step=4", "algorithm.group_size=4", "eval.num_tasks=4",
-         "trainer.updates_per_batch=2"]
+SMALL = [
+    "run.steps=3",
+    "warm_start.steps=0",
+    "run.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "eval.num_tasks=4",
+    "trainer.updates_per_batch=2",
+]
 
 pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
 
 
 def _run(tmp_path: Path, faults: str, *overrides: str) -> tuple[Path, dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_FAULT": faults}
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", *SMALL, *overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "recipe=tiny_grpo",
+        f"run.output_dir={tmp_path}",
+        *SMALL,
+        *overrides,
+    ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "tiny_grpo"
@@ -53,8 +66,13 @@ def test_engine_and_reward_failures_are_survived(tmp_path):
 
 def test_a_push_refused_over_the_filesystem_transport_is_written_again(tmp_path):
     """The filesystem fallback: the engine waits for the trainer to write a version, and a refused one is rewritten."""
-    run_dir, summary = _run(tmp_path, "rollout:0:push_refused@2", "run.steps=2", "rollout.weight_sync=filesystem",
-                            "trainer.updates_per_batch=1")
+    run_dir, summary = _run(
+        tmp_path,
+        "rollout:0:push_refused@2",
+        "run.steps=2",
+        "rollout.weight_sync=filesystem",
+        "trainer.updates_per_batch=1",
+    )
     rollout_log = (run_dir / "logs" / "rollout_0.log").read_text()
     assert summary["refused_weight_pushes"] == 1 and "weight push v2 refused" in rollout_log
     assert _served_versions(rollout_log) == [1, 2]

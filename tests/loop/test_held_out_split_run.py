@@ -16,8 +16,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
 
 def test_a_run_trains_on_the_training_side_only(tmp_path, launch, warm_started_model):
-    launch(tmp_path, f"model.hf_checkpoint={warm_started_model}", "warm_start.steps=1", "warm_start.batch_size=16",
-           "run.steps=3", "run.prompts_per_step=4", "eval.num_tasks=8", "eval.k=1")
+    launch(
+        tmp_path,
+        f"model.hf_checkpoint={warm_started_model}",
+        "warm_start.steps=1",
+        "warm_start.batch_size=16",
+        "run.steps=3",
+        "run.prompts_per_step=4",
+        "eval.num_tasks=8",
+        "eval.k=1",
+    )
     run_dir = tmp_path / "tiny_grpo"
     cfg = validate_tree(yaml.safe_load((run_dir / "config.yaml").read_text()))
     split = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks)

@@ -25,17 +25,24 @@ def assert_tiny_grpo_learned(summary: dict) -> None:
 
 def run_tiny_grpo(tmp_path, *overrides):
     cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[hetrl] held-out mean reward" in proc.stdout
     return json.loads((tmp_path / "tiny_grpo" / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("schedule", [["schedule.type=sync"], ["schedule.type=async", "schedule.max_staleness=2"]], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "schedule", [["schedule.type=sync"], ["schedule.type=async", "schedule.max_staleness=2"]], ids=["sync", "async"]
+)
 def test_tiny_grpo_improves_held_out_reward(tmp_path, schedule):
     summary = run_tiny_grpo(tmp_path, *schedule)
     assert_tiny_grpo_learned(summary)
     # No sample older than the bound was trained on (staleness/max comes from the per-token versions).
     bound = 0 if schedule == ["schedule.type=sync"] else 2
-    lags = [json.loads(line).get("staleness/max", 0.0) for line in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()]
+    lags = [
+        json.loads(line).get("staleness/max", 0.0)
+        for line in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert max(lags) <= bound, lags

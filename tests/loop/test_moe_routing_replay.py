@@ -44,7 +44,9 @@ def test_routing_replay_removes_the_routing_mismatch(tmp_path, moe_checkpoint):
     k3_off = statistics.median(step["mismatch/k3_kl"] for step in measured)
     k3_on = statistics.median(step["mismatch/k3_kl"] for step in replayed)
     assert k3_off / k3_on >= 10, f"k3 without replay {k3_off:.3g}, with {k3_on:.3g}"
-    assert max(s["mismatch/max_abs_logprob_diff"] for s in replayed) < min(s["mismatch/max_abs_logprob_diff"] for s in measured)
+    assert max(s["mismatch/max_abs_logprob_diff"] for s in replayed) < min(
+        s["mismatch/max_abs_logprob_diff"] for s in measured
+    )
 
     from hetrl.monitor.rollout_store import RolloutReader
 
@@ -57,8 +59,14 @@ def test_routing_replay_removes_the_routing_mismatch(tmp_path, moe_checkpoint):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["trainer.pipeline_parallel=2", "trainer.expert_parallel=2",
-                                    "trainer.tensor_parallel=2 trainer.sequence_parallel=true"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "trainer.pipeline_parallel=2",
+        "trainer.expert_parallel=2",
+        "trainer.tensor_parallel=2 trainer.sequence_parallel=true",
+    ],
+)
 def test_routing_replay_under_trainer_layouts(tmp_path, moe_checkpoint, layout):
     """Each pipeline stage replays its own layers; each expert-parallel rank routes its own samples' tokens; under
     TP with sequence parallelism (which megatron's MoE layers need) each TP rank routes its share of the sequence."""

@@ -23,9 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUEUE_EXIT_CODE = 3
 STEPS = 4
 WORKLOAD = [
-    "recipe=tiny_grpo", f"run.steps={STEPS}", "warm_start.steps=2", "run.prompts_per_step=4", "algorithm.group_size=4",
-    "eval.num_tasks=8", "reward.functions=[{name: length, kwargs: {target_tokens: 8}}]",
-    "checkpoint.every=1", "checkpoint.keep=2",
+    "recipe=tiny_grpo",
+    f"run.steps={STEPS}",
+    "warm_start.steps=2",
+    "run.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "eval.num_tasks=8",
+    "reward.functions=[{name: length, kwargs: {target_tokens: 8}}]",
+    "checkpoint.every=1",
+    "checkpoint.keep=2",
 ]
 pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
 
@@ -142,9 +148,13 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed_run, uninterrup
     assert resumed[stopped_after:] == reference[stopped_after:]
     assert resumed == reference
     keys = ("eval_before", "eval_after_warm_start", "eval_after", "trained_samples")
-    resumed_summary, reference_summary = (json.loads((run / "summary.json").read_text()) for run in (resumed_run, uninterrupted_run))
+    resumed_summary, reference_summary = (
+        json.loads((run / "summary.json").read_text()) for run in (resumed_run, uninterrupted_run)
+    )
     assert {k: resumed_summary[k] for k in keys} == {k: reference_summary[k] for k in keys}
-    assert_same_state(checkpoint_tensors(latest(resumed_run), tmp_path), checkpoint_tensors(latest(uninterrupted_run), tmp_path))
+    assert_same_state(
+        checkpoint_tensors(latest(resumed_run), tmp_path), checkpoint_tensors(latest(uninterrupted_run), tmp_path)
+    )
 
 
 @pytest.mark.slow
@@ -156,7 +166,10 @@ def test_same_seed_gives_identical_metrics_and_weights(uninterrupted_run, tmp_pa
     out = finish(proc)
     assert proc.returncode == 0, out
     assert metric_lines(output / "tiny_grpo") == rows
-    assert_same_state(checkpoint_tensors(latest(output / "tiny_grpo"), tmp_path), checkpoint_tensors(latest(uninterrupted_run), tmp_path))
+    assert_same_state(
+        checkpoint_tensors(latest(output / "tiny_grpo"), tmp_path),
+        checkpoint_tensors(latest(uninterrupted_run), tmp_path),
+    )
 
 
 @pytest.mark.slow

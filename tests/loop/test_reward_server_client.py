@@ -1,4 +1,5 @@
-"""The reward_server role's wire under mpiexec: batching, re-sending on a timeout or a failed replica, the attempt bound."""
+"""The reward_server role's wire under mpiexec: batching, re-sending on a timeout or a failed replica, the attempt
+bound."""
 
 import json
 import subprocess
@@ -14,14 +15,20 @@ pytestmark = pytest.mark.mpi
 
 
 def test_requests_are_batched_rerouted_and_bounded():
-    proc = subprocess.run([find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, str(RIG)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, str(RIG)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     seen = next(line for line in lines if "many" in line)
     batches = {line["rank"]: line["batches"] for line in lines if "rank" in line}
     # 16 requests asked at once: spread over both replicas, each answering its share in one batch.
-    assert sorted(seen["many"]) == sorted(f"q{i}" for i in range(16)) and all(a.endswith(q) for q, a in seen["many"].items())
+    assert sorted(seen["many"]) == sorted(f"q{i}" for i in range(16)) and all(
+        a.endswith(q) for q, a in seen["many"].items()
+    )
     assert {a.split(":")[0] for a in seen["many"].values()} == {"0", "1"} and batches[0][0] + batches[1][0] == 16
     assert max(batches[0][0], batches[1][0]) > 1
     # A request the model cannot take comes back as its own error; its batch-mates and the replica are fine.

@@ -24,12 +24,16 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_tiny_judge_grpo_is_rewarded_by_the_served_judge(tmp_path, warm_started_model):
-    launch_tiny_grpo(tmp_path, f"model.hf_checkpoint={warm_started_model}", *SHORT, "run.steps=3", recipe="tiny_judge_grpo")
+    launch_tiny_grpo(
+        tmp_path, f"model.hf_checkpoint={warm_started_model}", *SHORT, "run.steps=3", recipe="tiny_judge_grpo"
+    )
     run_dir = tmp_path / "tiny_judge_grpo"
     steps = _metrics(run_dir)
     assert len(steps) == 3
     for step in steps:
-        assert 0.0 < step["reward/judge/mean"] < 1.0 and step["reward/judge/std"] > 0  # verdicts on the scale, and they differ
+        assert (
+            0.0 < step["reward/judge/mean"] < 1.0 and step["reward/judge/std"] > 0
+        )  # verdicts on the scale, and they differ
         assert step["reward/mean"] == pytest.approx(step["reward/judge/mean"])  # math rides along at weight 0
         assert "reward/math/mean" in step and step["judge/failed_frac"] == 0.0 and step["judge/score_mass"] > 0.0
     log = (run_dir / "logs" / "reward_server_0.log").read_text()
@@ -38,7 +42,9 @@ def test_tiny_judge_grpo_is_rewarded_by_the_served_judge(tmp_path, warm_started_
 
 @pytest.mark.slow
 def test_tiny_rm_grpo_pleases_its_reward_model(tmp_path, warm_started_model):
-    launch_tiny_grpo(tmp_path, f"model.hf_checkpoint={warm_started_model}", *SHORT, "run.steps=10", recipe="tiny_rm_grpo")
+    launch_tiny_grpo(
+        tmp_path, f"model.hf_checkpoint={warm_started_model}", *SHORT, "run.steps=10", recipe="tiny_rm_grpo"
+    )
     steps = _metrics(tmp_path / "tiny_rm_grpo")
     rm = [step["reward/reward_model/mean"] for step in steps]
     last = statistics.mean(rm[-3:])
@@ -53,10 +59,18 @@ def test_tiny_rm_grpo_pleases_its_reward_model(tmp_path, warm_started_model):
 @pytest.mark.slow
 def test_a_failed_judge_server_is_replaced_by_the_other_replica(tmp_path, warm_started_model, monkeypatch):
     monkeypatch.setenv("HETRL_INJECT_FAULT", "reward_server:0:server_crash@2")
-    launch_tiny_grpo(tmp_path, f"model.hf_checkpoint={warm_started_model}", *SHORT, "run.steps=3", "reward.server.replicas=2",
-                     recipe="tiny_judge_grpo")
+    launch_tiny_grpo(
+        tmp_path,
+        f"model.hf_checkpoint={warm_started_model}",
+        *SHORT,
+        "run.steps=3",
+        "reward.server.replicas=2",
+        recipe="tiny_judge_grpo",
+    )
     run_dir = tmp_path / "tiny_judge_grpo"
     steps = _metrics(run_dir)
     assert len(steps) == 3 and all(step["judge/failed_frac"] == 0.0 for step in steps)  # no sample lost its verdict
     assert "injected fault: the reward server crashed" in (run_dir / "logs" / "reward_server_0.log").read_text()
-    assert "reward server rank" in (run_dir / "logs" / "reward_0.log").read_text()  # its requests went to the other replica
+    assert (
+        "reward server rank" in (run_dir / "logs" / "reward_0.log").read_text()
+    )  # its requests went to the other replica

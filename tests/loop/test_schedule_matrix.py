@@ -24,8 +24,17 @@ from hetrl.monitor.sinks import read_jsonl
 
 STEPS, PROMPTS, GROUP_SIZE = 12, 2, 4
 MAX_STALENESS = {"sync": 0, "one_step_off": 1, "async": 2}  # async looks further ahead than one_step_off
-WORKLOAD = [f"run.steps={STEPS}", f"run.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP_SIZE}", "warm_start.steps=0",
-            "eval.num_tasks=1", "eval.k=1", "eval.every=0", "checkpoint.every=0", "monitor.rollout_store.enabled=false"]
+WORKLOAD = [
+    f"run.steps={STEPS}",
+    f"run.prompts_per_step={PROMPTS}",
+    f"algorithm.group_size={GROUP_SIZE}",
+    "warm_start.steps=0",
+    "eval.num_tasks=1",
+    "eval.k=1",
+    "eval.every=0",
+    "checkpoint.every=0",
+    "monitor.rollout_store.enabled=false",
+]
 
 # The first case also builds the shared warm-started model.
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -36,9 +45,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm, pytest.mark.t
 @pytest.mark.parametrize("schedule", MAX_STALENESS)
 def test_schedule(launch, warm_started_model, tmp_path, schedule, placement, partial_rollout):
     bound = MAX_STALENESS[schedule]
-    launch(tmp_path, *WORKLOAD, f"model.hf_checkpoint={warm_started_model}", f"schedule.type={schedule}",
-           f"schedule.max_staleness={bound}", f"rollout.placement={placement}",
-           f"rollout.partial_rollout={str(partial_rollout).lower()}")
+    launch(
+        tmp_path,
+        *WORKLOAD,
+        f"model.hf_checkpoint={warm_started_model}",
+        f"schedule.type={schedule}",
+        f"schedule.max_staleness={bound}",
+        f"rollout.placement={placement}",
+        f"rollout.partial_rollout={str(partial_rollout).lower()}",
+    )
     run_dir = tmp_path / "tiny_grpo"
     samples = json.loads((run_dir / "summary.json").read_text())["samples"]
     assert samples["trained"] == STEPS * PROMPTS * GROUP_SIZE, samples
@@ -55,8 +70,22 @@ def test_the_disaggregated_sync_run_that_deadlocked_completes(launch, tmp_path):
     """Issue 14's reproduction, as filed: the trainer's 8148-byte result of step 8 held the
     orchestrator inside MPI while the trainer waited in the weight push for engines the orchestrator
     had not yet told to join (tests/control/test_comm.py has the same deadlock in miniature)."""
-    launch(tmp_path, "run.name=sync", "run.steps=10", "warm_start.steps=0", "eval.num_tasks=4", "run.prompts_per_step=8",
-           "algorithm.group_size=8", "rollout.placement=disaggregated", "rollout.max_tokens=96", "env.max_episode_tokens=200",
-           "rollout.partial_rollout=true", "run.threads_per_process=1", "monitor.rollout_store.enabled=false", "checkpoint.every=0",
-           "trainer.micro_batch_size=64", "schedule.type=sync")
+    launch(
+        tmp_path,
+        "run.name=sync",
+        "run.steps=10",
+        "warm_start.steps=0",
+        "eval.num_tasks=4",
+        "run.prompts_per_step=8",
+        "algorithm.group_size=8",
+        "rollout.placement=disaggregated",
+        "rollout.max_tokens=96",
+        "env.max_episode_tokens=200",
+        "rollout.partial_rollout=true",
+        "run.threads_per_process=1",
+        "monitor.rollout_store.enabled=false",
+        "checkpoint.every=0",
+        "trainer.micro_batch_size=64",
+        "schedule.type=sync",
+    )
     assert sorted(read_jsonl(tmp_path / "sync" / "metrics.jsonl")) == list(range(10))

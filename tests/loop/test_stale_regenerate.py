@@ -54,9 +54,11 @@ def _orchestrator(monkeypatch, stale_policy: str, version: int) -> tuple[Orchest
     monkeypatch.setattr(orchestrator_module, "send", lambda world, message, rank, tag: sent.append(message))
     orch = Orchestrator.__new__(Orchestrator)
     orch.ctx, orch.monitor = SimpleNamespace(world=None), None
-    orch.cfg = SimpleNamespace(run=SimpleNamespace(prompts_per_step=2),
-                               schedule=SimpleNamespace(stale_policy=stale_policy),
-                               algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False))
+    orch.cfg = SimpleNamespace(
+        run=SimpleNamespace(prompts_per_step=2),
+        schedule=SimpleNamespace(stale_policy=stale_policy),
+        algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
+    )
     orch.sampling = lambda purpose: None
     orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
     orch.engines, orch.reward_ranks = [ENGINE], [REWARD]
@@ -82,8 +84,9 @@ def _generate_with(orch: Orchestrator, sent: list, versions: list[int]):
         group = [item for item in queue if item.group_id == queue[0].group_id]
         queue[:] = [item for item in queue if item not in group]
         version = versions.pop(0)
-        samples = [Sample(i.sample_id, i.group_id, f"{i.task}/{i.seed}", [1], [7], [1], [0.0], [version])
-                   for i in group]
+        samples = [
+            Sample(i.sample_id, i.group_id, f"{i.task}/{i.seed}", [1], [7], [1], [0.0], [version]) for i in group
+        ]
         orch._on_rollout(RolloutDone(samples), ENGINE)
         orch._on_reward(RewardDone(samples, score_s=1.0), REWARD)
 
@@ -112,8 +115,15 @@ def test_collect_batch_regenerates_a_stale_group_under_its_ids(monkeypatch, stal
     assert sorted(g[0].group_id for g in batch) == ["t0", "t1"] and all(s.min_version == 3 for g in batch for s in g)
     assert dropped_stale == 0 and orch.stream.cursor == 2  # no task drawn in its place
     assert orch.take_regenerated() == 2 and orch.take_regenerated() == 0
-    assert report == {"issued": 4, "trained": 4, "dropped": 0, "in_flight": 0, "regenerated": 2,
-                      "requeued_generation": 0, "requeued_reward": 0}
+    assert report == {
+        "issued": 4,
+        "trained": 4,
+        "dropped": 0,
+        "in_flight": 0,
+        "regenerated": 2,
+        "requeued_generation": 0,
+        "requeued_reward": 0,
+    }
     assert orch.outstanding_groups() == 0 and orch.engine_load == {ENGINE: 0}
     assert orch._reward_s == {"t0.0": 0.5, "t0.1": 0.5, "t1.0": 0.5, "t1.1": 0.5}  # the stale scoring is not charged
     assert orch.state_dict()["regenerated"] == 2
@@ -122,10 +132,21 @@ def test_collect_batch_regenerates_a_stale_group_under_its_ids(monkeypatch, stal
 @pytest.mark.mpi
 @pytest.mark.vllm
 def test_a_stale_group_is_generated_again_under_its_ids(tmp_path):
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_grpo", f"run.output_dir={tmp_path}",
-           f"run.steps={STEPS}", f"run.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP_SIZE}",
-           "warm_start.steps=0", "eval.num_tasks=1", "eval.k=1", "checkpoint.every=0", "schedule.type=sync",
-           "schedule.stale_policy=regenerate"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "recipe=tiny_grpo",
+        f"run.output_dir={tmp_path}",
+        f"run.steps={STEPS}",
+        f"run.prompts_per_step={PROMPTS}",
+        f"algorithm.group_size={GROUP_SIZE}",
+        "warm_start.steps=0",
+        "eval.num_tasks=1",
+        "eval.k=1",
+        "checkpoint.every=0",
+        "schedule.type=sync",
+        "schedule.stale_policy=regenerate",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_FAULT": "rollout:0:push_refused@1"}
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -13,8 +13,16 @@ pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
 
 
 def test_tiny_tool_grpo_runs_end_to_end(tmp_path):
-    cmd = [sys.executable, str(ROOT / "launch.py"), "recipe=tiny_tool_grpo", f"run.output_dir={tmp_path}", "run.steps=2"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "recipe=tiny_tool_grpo",
+        f"run.output_dir={tmp_path}",
+        "run.steps=2",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "tiny_tool_grpo"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -24,4 +32,6 @@ def test_tiny_tool_grpo_runs_end_to_end(tmp_path):
     from hetrl.monitor.rollout_store import RolloutReader
 
     records = RolloutReader(run_dir).records()
-    assert records and all(r.sample.prompt_ids and len(r.sample.loss_mask) == len(r.sample.completion_ids) for r in records)
+    assert records and all(
+        r.sample.prompt_ids and len(r.sample.loss_mask) == len(r.sample.completion_ids) for r in records
+    )

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hetrl.monitor.rollout_store import RolloutReader
 from hetrl.models.images import to_pil
+from hetrl.monitor.rollout_store import RolloutReader
 from tests.conftest import launch_tiny_grpo
 
 pytestmark = [pytest.mark.mpi, pytest.mark.vllm]
@@ -23,14 +23,19 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_tiny_computer_use_runs_with_screenshots_in_the_store(tmp_path):
-    """Also the frozen-tower path in a real run (model.vision.freeze): every push leaves the ViT out, and the engine takes it;
+    """Also the frozen-tower path in a real run (model.vision.freeze): every push leaves the ViT out, and the engine
+    takes it;
     and env.concurrency bounding the episodes that hold an environment at once."""
     launch_tiny_grpo(tmp_path, "run.steps=3", recipe="tiny_computer_use")
     run_dir = tmp_path / "tiny_computer_use"
     steps = _metrics(run_dir)
     assert len(steps) == 3 and all("reward/env/mean" in step and "mismatch/k3_kl" in step for step in steps)
-    assert all(step["episode/env_wait_s_mean"] > 0 for step in steps)  # env.concurrency=8: 8 of a step's 16 episodes wait for a desktop
-    assert max(step["mismatch/k3_kl"] for step in steps) < 1e-6  # engine and trainer see the same screenshots (measured ~5e-14)
+    assert all(
+        step["episode/env_wait_s_mean"] > 0 for step in steps
+    )  # env.concurrency=8: 8 of a step's 16 episodes wait for a desktop
+    assert (
+        max(step["mismatch/k3_kl"] for step in steps) < 1e-6
+    )  # engine and trainer see the same screenshots (measured ~5e-14)
     records = RolloutReader(run_dir).records()
     assert records and all(record.sample.images for record in records)
     first = records[0].sample

@@ -11,16 +11,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, PROMPTS, GROUP = 3, 4, 4
 WORKLOAD = [
-    "recipe=tiny_grpo", f"run.steps={STEPS}", "warm_start.steps=2", f"run.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
-    "eval.num_tasks=8", "eval.k=1", "eval.temperature=0.0",  # greedy, one sample per task: the tests count eval samples
+    "recipe=tiny_grpo",
+    f"run.steps={STEPS}",
+    "warm_start.steps=2",
+    f"run.prompts_per_step={PROMPTS}",
+    f"algorithm.group_size={GROUP}",
+    "eval.num_tasks=8",
+    "eval.k=1",
+    "eval.temperature=0.0",  # greedy, one sample per task: the tests count eval samples
     "reward.functions=[{name: math, kwargs: {answer_tag: answer}}, {name: length, kwargs: {target_tokens: 8}}]",
-    "algorithm.entropy_coef=0.001", "monitor.rollout_store.flush_every=8",
+    "algorithm.entropy_coef=0.001",
+    "monitor.rollout_store.flush_every=8",
     # A big RL step so that 3 steps visibly change the greedy eval (the comparison in test_real_run needs it).
-    "trainer.lr=3e-3", "trainer.lr_warmup_steps=0", "rollout.max_tokens=12",
+    "trainer.lr=3e-3",
+    "trainer.lr_warmup_steps=0",
+    "rollout.max_tokens=12",
 ]
 
 
-def run_cli(args: list[str], timeout_s: float = 1200, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], timeout_s: float = 1200, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 

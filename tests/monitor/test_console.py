@@ -19,7 +19,9 @@ class FakeClock:
 
 def _drive(stream, force_terminal):
     cfg = MonitorConfig(tensorboard=False, rollout_store={"enabled": False}, console_metrics=["reward/mean", "entropy"])
-    with Monitor(cfg, stream.run_dir, total_steps=4, roles=["rollout"], stream=stream, force_terminal=force_terminal) as mon:
+    with Monitor(
+        cfg, stream.run_dir, total_steps=4, roles=["rollout"], stream=stream, force_terminal=force_terminal
+    ) as mon:
         console = mon.console
         for step in range(3):
             mon.progress("rollout", tokens=500, state="generating")

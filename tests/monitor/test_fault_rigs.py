@@ -21,7 +21,10 @@ def _sample(i: int, reward: float = 0.25) -> Sample:
 
 def test_parse_new_kinds_and_reject_unknown():
     parsed = Fault.parse("reward:0:reward_drop@5,trainer:1:nan_loss")
-    assert [(f.role, f.role_rank, f.kind, f.at) for f in parsed] == [("reward", 0, "reward_drop", 5), ("trainer", 1, "nan_loss", 1)]
+    assert [(f.role, f.role_rank, f.kind, f.at) for f in parsed] == [
+        ("reward", 0, "reward_drop", 5),
+        ("trainer", 1, "nan_loss", 1),
+    ]
     with pytest.raises(ValueError, match="kind must be one of"):
         Fault.parse("trainer:0:nan_gradients")
 
@@ -35,7 +38,11 @@ def test_onset_stays_on_from_the_nth_call():
 def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "reward:0:reward_drop@2")
     rigged = RewardFaults(role_rank=0)
-    assert [rigged.after_scoring(_sample(i)).reward for i in range(3)] == [0.25, 0.25 - faults.REWARD_DROP, 0.25 - faults.REWARD_DROP]
+    assert [rigged.after_scoring(_sample(i)).reward for i in range(3)] == [
+        0.25,
+        0.25 - faults.REWARD_DROP,
+        0.25 - faults.REWARD_DROP,
+    ]
 
 
 def test_nan_loss_poisons_only_the_nth_batch(monkeypatch):

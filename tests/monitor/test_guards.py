@@ -14,7 +14,13 @@ from hetrl.monitor.guards import Guards
 
 
 def _healthy(step: int) -> dict[str, float]:
-    return {"loss/policy": 0.1, "grad_norm": 1.0, "reward/mean": 0.2 + 0.01 * step, "entropy": 1.5, "mismatch/k3_kl": 1e-3 * (1 + step % 3)}
+    return {
+        "loss/policy": 0.1,
+        "grad_norm": 1.0,
+        "reward/mean": 0.2 + 0.01 * step,
+        "entropy": 1.5,
+        "mismatch/k3_kl": 1e-3 * (1 + step % 3),
+    }
 
 
 def _stream(guards: Guards, rig, steps: int = 40) -> list:
@@ -37,8 +43,12 @@ def test_nonfinite_loss(bad):
             m["loss/policy"] = bad
         if step == 9:
             m["grad_norm"] = bad
+
     alerts = _stream(Guards(GuardsConfig()), rig)
-    assert [(a.guard, a.step, a.action) for a in alerts] == [("nonfinite_loss", 7, "stop"), ("nonfinite_loss", 9, "stop")]
+    assert [(a.guard, a.step, a.action) for a in alerts] == [
+        ("nonfinite_loss", 7, "stop"),
+        ("nonfinite_loss", 9, "stop"),
+    ]
 
 
 def test_reward_collapse_fires_once_and_rearms():
@@ -47,6 +57,7 @@ def test_reward_collapse_fires_once_and_rearms():
     def rig(step, m):
         if 15 <= step < 25 or step >= 32:
             m["reward/mean"] = 0.0
+
     alerts = _stream(Guards(cfg), rig)
     assert [a.guard for a in alerts] == ["reward_collapse", "reward_collapse"]
     assert [a.step for a in alerts] == [17, 33]  # once per collapse: when the 3-step mean is > 0.3 below its best
@@ -60,6 +71,7 @@ def test_entropy_collapse_after_patience():
             m["entropy"] = 0.01
         if step == 11:
             m["entropy"] = 0.5  # one healthy step resets the count
+
     alerts = _stream(Guards(cfg), rig)
     assert [(a.guard, a.step) for a in alerts] == [("entropy_collapse", 15)]
 
@@ -72,6 +84,7 @@ def test_mismatch_absolute_and_relative_spike():
             m["mismatch/k3_kl"] = 0.2  # above the ceiling
         if step == 30:
             m["mismatch/k3_kl"] = 0.03  # under the ceiling but > 10x the ~2e-3 median
+
     alerts = _stream(Guards(cfg), rig)
     assert [(a.guard, a.step) for a in alerts] == [("mismatch_spike", 20), ("mismatch_spike", 30)]
     assert "max_k3_kl" in alerts[0].message and "median" in alerts[1].message
@@ -93,7 +106,9 @@ class FakeClock:
 def test_a_silent_role_raises_no_alert(tmp_path):
     """Hangs are the liveness watchdog's (docs/hangs.md): the monitor's poll only redraws the console."""
     clock = FakeClock()
-    with Monitor(MonitorConfig(tensorboard=False), tmp_path, total_steps=1, roles=["reward"], stream=io.StringIO(), clock=clock) as mon:
+    with Monitor(
+        MonitorConfig(tensorboard=False), tmp_path, total_steps=1, roles=["reward"], stream=io.StringIO(), clock=clock
+    ) as mon:
         mon.progress("reward", state="scoring")
         clock.now += 10_000
         mon.poll()
@@ -117,7 +132,9 @@ def test_stop_action_raises_after_step_is_written(tmp_path):
 
 
 def test_warn_action_does_not_raise(tmp_path):
-    cfg = MonitorConfig(console=False, tensorboard=False, guards={"entropy_collapse": {"patience": 1, "action": "warn"}})
+    cfg = MonitorConfig(
+        console=False, tensorboard=False, guards={"entropy_collapse": {"patience": 1, "action": "warn"}}
+    )
     with Monitor(cfg, tmp_path, total_steps=2) as mon:
         mon.log(0, {"entropy": 0.0})
         mon.end_step(0)

@@ -33,8 +33,10 @@ SHORT = ["warm_start.steps=0", f"eval.num_tasks={EVAL_TASKS}"]
 MAX_K3_KL = 0.01  # far above fp32 engine/trainer noise, far below what the drifted weights give
 RIG = [
     *SHORT,
-    "monitor.guards.reward_collapse.window=1", f"monitor.guards.reward_collapse.max_drop={REWARD_DROP / 2}",
-    f"monitor.guards.mismatch_spike.max_k3_kl={MAX_K3_KL}", "monitor.guards.mismatch_spike.spike_factor=null",
+    "monitor.guards.reward_collapse.window=1",
+    f"monitor.guards.reward_collapse.max_drop={REWARD_DROP / 2}",
+    f"monitor.guards.mismatch_spike.max_k3_kl={MAX_K3_KL}",
+    "monitor.guards.mismatch_spike.spike_factor=null",
 ]
 FIRST_STEP_1_SAMPLE = EVAL_TASKS + PROMPTS * GROUP + 1  # the reward worker's count of scored samples
 FAULTS = f"reward:0:reward_drop@{FIRST_STEP_1_SAMPLE},trainer:0:desync_weights@1"
@@ -54,7 +56,9 @@ def _fired(run_dir: Path, guard: str) -> list[dict]:
 def test_reward_collapse_fires_when_the_reward_drops(rigged_run):
     rows = read_metrics(rigged_run)
     assert rows[0][names.REWARD_MEAN] - rows[1][names.REWARD_MEAN] > REWARD_DROP / 2  # the fault really dropped it
-    assert [(a["step"], a["action"]) for a in _fired(rigged_run, "reward_collapse")] == [(1, "warn")]  # once per collapse
+    assert [(a["step"], a["action"]) for a in _fired(rigged_run, "reward_collapse")] == [
+        (1, "warn")
+    ]  # once per collapse
     assert (rigged_run / "summary.json").exists(), "a warn guard must not end the run"
 
 

@@ -59,7 +59,9 @@ def test_json_carries_token_level_mismatch(synthetic_run):
 def test_table_view_with_tokens_as_module(synthetic_run):
     proc = subprocess.run(
         [sys.executable, "-m", "hetrl.browse", str(synthetic_run), "--step", "1", "--worst", "1", "--tokens"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     samples, _ = make_samples(1)
@@ -88,7 +90,9 @@ def test_images_are_listed_and_written(tmp_path):
     from hetrl.monitor.rollout_store import RolloutStore
 
     samples, _ = make_samples(0)
-    sample = dataclasses.replace(samples[0], images=[Image.new("RGB", (32, 24), "red"), Image.new("RGB", (8, 8), "blue")])
+    sample = dataclasses.replace(
+        samples[0], images=[Image.new("RGB", (32, 24), "red"), Image.new("RGB", (8, 8), "blue")]
+    )
     with RolloutStore(tmp_path / "run" / "rollouts") as store:
         store.append(0, [sample])
     out = io.StringIO()

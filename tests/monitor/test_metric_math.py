@@ -16,9 +16,20 @@ from hetrl.records import REWARD_METRICS_KEY, Sample
 
 def _s(i, reward, n_tokens, task="a", rewards=None, finish="stop", flags=(), versions=None, group="g"):
     return Sample(
-        sample_id=f"s{i}", group_id=group, task_name=task, prompt_ids=[1], completion_ids=[0] * n_tokens,
-        loss_mask=[1] * n_tokens, logprobs=[0.0] * n_tokens, versions=versions or [0] * n_tokens,
-        finish_reason=finish, rewards=rewards or {}, reward=reward, flags=list(flags), num_turns=i + 1, num_tool_calls=2 * i,
+        sample_id=f"s{i}",
+        group_id=group,
+        task_name=task,
+        prompt_ids=[1],
+        completion_ids=[0] * n_tokens,
+        loss_mask=[1] * n_tokens,
+        logprobs=[0.0] * n_tokens,
+        versions=versions or [0] * n_tokens,
+        finish_reason=finish,
+        rewards=rewards or {},
+        reward=reward,
+        flags=list(flags),
+        num_turns=i + 1,
+        num_tool_calls=2 * i,
     )
 
 
@@ -31,22 +42,37 @@ def test_rollout_metrics_by_hand():
     m = rollout_metrics(samples)
     assert m["reward/mean"] == pytest.approx(0.5) and m["reward/std"] == pytest.approx(np.std([1, 0, 0.5]))
     assert (m["reward/min"], m["reward/max"]) == (0.0, 1.0)
-    assert m["reward/acc/mean"] == pytest.approx(2 / 3) and m["reward/fmt/mean"] == pytest.approx(0.75)  # fmt: 2 samples
+    assert m["reward/acc/mean"] == pytest.approx(2 / 3) and m["reward/fmt/mean"] == pytest.approx(
+        0.75
+    )  # fmt: 2 samples
     assert m["reward/task/a/mean"] == pytest.approx(0.75) and m["reward/task/b/max"] == 0.0
     assert (m["response_length/mean"], m["response_length/max"]) == (6.0, 8.0)
     assert m["response_length/truncated_frac"] == pytest.approx(1 / 3)
     assert m["episode/turns_mean"] == 2.0 and m["episode/tool_calls_mean"] == 2.0
-    assert m["flags/frac"] == pytest.approx(2 / 3) and m["flags/x_frac"] == pytest.approx(2 / 3) and m["flags/y_frac"] == pytest.approx(1 / 3)
+    assert (
+        m["flags/frac"] == pytest.approx(2 / 3)
+        and m["flags/x_frac"] == pytest.approx(2 / 3)
+        and m["flags/y_frac"] == pytest.approx(1 / 3)
+    )
     assert rollout_metrics([]) == {}
     assert "hack/proxy_corr" not in m and "judge/failed_frac" not in m
 
 
 def test_served_model_metrics_by_hand():
-    samples = [_s(i, 0.0, 2, rewards={"reward_model": rm, "math": right}) for i, (rm, right) in enumerate([(1.0, 1.0), (2.0, 0.0), (3.0, 0.0)])]
+    samples = [
+        _s(i, 0.0, 2, rewards={"reward_model": rm, "math": right})
+        for i, (rm, right) in enumerate([(1.0, 1.0), (2.0, 0.0), (3.0, 0.0)])
+    ]
     for s, failed, mass in zip(samples, (1.0, 0.0, 0.0), (None, 0.5, 0.7)):
-        s.info[REWARD_METRICS_KEY] = {"judge/failed_frac": failed, "reward/hacked": 0.0, **({"judge/score_mass": mass} if mass else {})}
+        s.info[REWARD_METRICS_KEY] = {
+            "judge/failed_frac": failed,
+            "reward/hacked": 0.0,
+            **({"judge/score_mass": mass} if mass else {}),
+        }
     m = rollout_metrics(samples)
-    assert m["judge/failed_frac"] == pytest.approx(1 / 3) and m["judge/score_mass"] == pytest.approx(0.6)  # over samples that have it
+    assert m["judge/failed_frac"] == pytest.approx(1 / 3) and m["judge/score_mass"] == pytest.approx(
+        0.6
+    )  # over samples that have it
     assert "reward/hacked" not in m  # the rubric's own bookkeeping is no documented metric
     assert m["hack/proxy_corr"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 0, 0])[0, 1]) and m["hack/proxy_corr"] < 0
     del samples[0].rewards["math"]  # a sample without a verifiable source: no correlation that step
@@ -119,7 +145,9 @@ def test_eval_metrics_groups_by_prompt_and_task():
 def test_free_form_task_and_flag_names_become_valid_segments():
     from hetrl.monitor import names
 
-    samples = [_s(0, 1.0, 2, task="reasoning_gym/basic_arithmetic", rewards={"judge:v1": 1.0}, flags=["hack/exit_early"])]
+    samples = [
+        _s(0, 1.0, 2, task="reasoning_gym/basic_arithmetic", rewards={"judge:v1": 1.0}, flags=["hack/exit_early"])
+    ]
     m = rollout_metrics(samples)
     assert m["reward/task/reasoning_gym.basic_arithmetic/mean"] == 1.0
     assert m["flags/hack.exit_early_frac"] == 1.0 and m["reward/judge.v1/mean"] == 1.0

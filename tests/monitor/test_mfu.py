@@ -31,11 +31,21 @@ def test_training_flops_by_hand():
     assert training_flops(MOE, [3, 1]) == 6 * 688 * 4 + 12 * 8 * (1 + 2 + 3) + 12 * 8 * 1
 
 
-@pytest.mark.parametrize(("device", "peak"), [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
-    ("NVIDIA GH200 480GB", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100-PCIE-40GB", 312e12), ("NVIDIA L4", 121e12),
-    ("NVIDIA L40S", 362e12), ("NVIDIA B200", 2250e12),
-])
+@pytest.mark.parametrize(
+    ("device", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA GH200 480GB", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100-PCIE-40GB", 312e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA B200", 2250e12),
+    ],
+)
 def test_known_gpus(device, peak):
     assert peak_bf16_flops(device) == peak
 

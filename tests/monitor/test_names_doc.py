@@ -26,15 +26,27 @@ def test_registry_unique_and_described():
     assert all(s.description for s in names.METRICS)
 
 
-@pytest.mark.parametrize("name", [
-    "reward/mean", "reward/math_verify/std", "reward/task/gsm8k/max", "flags/format_violation_frac",
-    "throughput/trainer_tokens_per_s", "time/weight_sync", "eval/countdown/pass@8", "eval/countdown/mean@1", "perf/mfu",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "reward/mean",
+        "reward/math_verify/std",
+        "reward/task/gsm8k/max",
+        "flags/format_violation_frac",
+        "throughput/trainer_tokens_per_s",
+        "time/weight_sync",
+        "eval/countdown/pass@8",
+        "eval/countdown/mean@1",
+        "perf/mfu",
+    ],
+)
 def test_known_names_accepted(name):
     assert names.check_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["reward/mean/extra", "reward", "eval/x/pass@k", "throughput/trainer", "time/sleep", "loss"])
+@pytest.mark.parametrize(
+    "name", ["reward/mean/extra", "reward", "eval/x/pass@k", "throughput/trainer", "time/sleep", "loss"]
+)
 def test_unknown_names_rejected(name):
     with pytest.raises(ValueError, match="unknown metric"):
         names.check_name(name)

@@ -32,7 +32,9 @@ def test_plots_written_with_right_series(synthetic_run, tmp_path):
 
 def test_panel_without_data_skipped(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "entropy": 1.0}\n{"step": 1, "entropy": 0.9}\n')
-    proc = subprocess.run([sys.executable, "-m", "hetrl.plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetrl.plot", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (tmp_path / "plots").iterdir()] == ["entropy.png"]
     assert "skipped (no data): kl, length, mismatch, reward, throughput, time" in proc.stdout

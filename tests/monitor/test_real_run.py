@@ -19,17 +19,32 @@ from hetrl.monitor.rollout_store import RolloutReader
 ENTROPY_RIG = ["monitor.guards.entropy_collapse.min_entropy=100", "monitor.guards.entropy_collapse.patience=1"]
 # Loop-level metrics every RL step must carry (documented names, hetrl.monitor.names).
 EVERY_STEP = [
-    names.REWARD_MEAN, names.REWARD_STD, "reward/math/mean", "reward/length/mean", names.RESPONSE_LENGTH_MEAN,
-    names.RESPONSE_LENGTH_TRUNCATED_FRAC, names.LOSS_POLICY, names.GRAD_NORM, names.ENTROPY, names.time_phase("generate"),
-    names.time_phase("train"), names.TIME_STEP, "staleness/mean", "staleness/max", names.time_phase("reward"),
-    names.time_phase("wait"), names.time_phase("weight_sync"),  # a warm-start push precedes step 0
+    names.REWARD_MEAN,
+    names.REWARD_STD,
+    "reward/math/mean",
+    "reward/length/mean",
+    names.RESPONSE_LENGTH_MEAN,
+    names.RESPONSE_LENGTH_TRUNCATED_FRAC,
+    names.LOSS_POLICY,
+    names.GRAD_NORM,
+    names.ENTROPY,
+    names.time_phase("generate"),
+    names.time_phase("train"),
+    names.TIME_STEP,
+    "staleness/mean",
+    "staleness/max",
+    names.time_phase("reward"),
+    names.time_phase("wait"),
+    names.time_phase("weight_sync"),  # a warm-start push precedes step 0
 ]
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    run_dir, proc = launch(tmp_path_factory.mktemp("real"), [*ENTROPY_RIG, "monitor.guards.entropy_collapse.action=warn"])
+    run_dir, proc = launch(
+        tmp_path_factory.mktemp("real"), [*ENTROPY_RIG, "monitor.guards.entropy_collapse.action=warn"]
+    )
     assert proc.returncode == 0, output(proc)
     return run_dir
 
@@ -113,14 +128,29 @@ def test_the_timeline_shows_every_phase_and_hop_of_a_step(tiny_run):
     records = read_timeline(tiny_run)
     assert sorted(step_windows(records)) == list(range(STEPS))
     phases = phase_medians(records)
-    for phase in ("orchestrator_0: collect batch", "orchestrator_0: train", "rollout_0: generate", "rollout_0: reload weights",
-                  "reward_0: score", "trainer_0: log-probs", "trainer_0: forward-backward", "trainer_0: optimizer step",
-                  "trainer_0: push weights"):
+    for phase in (
+        "orchestrator_0: collect batch",
+        "orchestrator_0: train",
+        "rollout_0: generate",
+        "rollout_0: reload weights",
+        "reward_0: score",
+        "trainer_0: log-probs",
+        "trainer_0: forward-backward",
+        "trainer_0: optimizer step",
+        "trainer_0: push weights",
+    ):
         assert phases.get(phase, 0) > 0, (phase, phases)
     assert phases["orchestrator_0: collect batch"] + phases["orchestrator_0: train"] <= phases["orchestrator_0: step"]
     hops = hop_latencies(records)
-    for hop in ("RolloutWork -> rollout_0", "RolloutDone -> orchestrator_0", "RewardWork -> reward_0", "RewardDone -> orchestrator_0",
-                "TrainWork -> trainer_0", "TrainDone -> orchestrator_0", "SyncWeights -> rollout_0"):
+    for hop in (
+        "RolloutWork -> rollout_0",
+        "RolloutDone -> orchestrator_0",
+        "RewardWork -> reward_0",
+        "RewardDone -> orchestrator_0",
+        "TrainWork -> trainer_0",
+        "TrainDone -> orchestrator_0",
+        "SyncWeights -> rollout_0",
+    ):
         latency, per_step = hops[hop]
         assert 0 <= latency < 5 and per_step >= 1, (hop, hops[hop])
 
@@ -133,7 +163,9 @@ def test_warn_guard_fires_and_the_run_goes_on(tiny_run):
 
 
 def eval_cli(run_dir: Path, checkpoint: Path, out: Path) -> dict:
-    proc = run_cli(["launch.py", "eval", f"recipe={run_dir / 'config.yaml'}", f"checkpoint={checkpoint}", "--out", str(out)])
+    proc = run_cli(
+        ["launch.py", "eval", f"recipe={run_dir / 'config.yaml'}", f"checkpoint={checkpoint}", "--out", str(out)]
+    )
     assert proc.returncode == 0, output(proc)
     assert "mean reward" in proc.stdout
     return json.loads(out.read_text())
@@ -148,5 +180,10 @@ def test_standalone_eval_reproduces_the_runs_evals(tiny_run, tmp_path):
     after = eval_cli(tiny_run, tiny_run / "checkpoints", tmp_path / "after.json")
     assert after["kind"] == "trainer" and after["checkpoint"].endswith(f"step_{STEPS + 2:08d}")
     assert after["mean_reward"] == pytest.approx(summary["eval_after"], abs=1e-9)
-    assert after["mean_reward"] != pytest.approx(before["mean_reward"], abs=1e-9), "training changed nothing: the comparison proves nothing"
-    assert set(after["metrics"]) == {"eval/reasoning_gym.basic_arithmetic/pass@1", "eval/reasoning_gym.basic_arithmetic/mean@1"}
+    assert after["mean_reward"] != pytest.approx(before["mean_reward"], abs=1e-9), (
+        "training changed nothing: the comparison proves nothing"
+    )
+    assert set(after["metrics"]) == {
+        "eval/reasoning_gym.basic_arithmetic/pass@1",
+        "eval/reasoning_gym.basic_arithmetic/mean@1",
+    }

@@ -30,7 +30,9 @@ def test_round_trip_equal(tmp_path):
             samples, lp = make_samples(step)
             store.append(step, samples, trainer_logprobs=lp)
     _assert_equal(RolloutReader(tmp_path).records(), range(3))
-    assert [r.sample.sample_id for r in RolloutReader(tmp_path).records(step=1)] == [s.sample_id for s in make_samples(1)[0]]
+    assert [r.sample.sample_id for r in RolloutReader(tmp_path).records(step=1)] == [
+        s.sample_id for s in make_samples(1)[0]
+    ]
 
 
 def test_a_store_written_before_routing_replay_still_reads(tmp_path):
@@ -128,7 +130,9 @@ def test_read_while_another_process_writes(tmp_path):
 def test_flushed_rollouts_survive_a_killed_writer(tmp_path):
     """A run killed mid-write (OOM, pre-emption) keeps every flushed step readable."""
     code = WRITER.format(tests=str(Path(__file__).parent), d=str(tmp_path), steps=3)
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for(tmp_path / "ready0", proc)
         (tmp_path / "ack0").touch()
@@ -152,7 +156,11 @@ def test_images_round_trip_as_png(tmp_path):
     samples, lp = make_samples(0)
     pictures = [Image.new("RGB", (16 + 8 * k, 12), (40 * k, 200, 30)) for k in range(3)]
     noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 24, 3), dtype=np.uint8))
-    samples = [dataclasses.replace(samples[0], images=pictures), dataclasses.replace(samples[1], images=[noise]), *samples[2:]]
+    samples = [
+        dataclasses.replace(samples[0], images=pictures),
+        dataclasses.replace(samples[1], images=[noise]),
+        *samples[2:],
+    ]
     with RolloutStore(tmp_path, flush_every=2) as store:
         store.append(0, samples, trainer_logprobs=lp)
     records = RolloutReader(tmp_path).records()

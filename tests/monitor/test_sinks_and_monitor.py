@@ -9,20 +9,40 @@ import sys
 import types
 
 import pytest
+from monitor_synth import NUM_STEPS
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from monitor_synth import NUM_STEPS
 from hetrl.config.monitor import MonitorConfig
 from hetrl.monitor import Monitor, names
 from hetrl.monitor.sinks import JsonlSink, build_wandb_sink, read_jsonl
 
 EXPECTED = [
-    "reward/mean", "reward/std", "reward/min", "reward/max", "reward/correct/mean", "reward/format/max",
-    "reward/task/gsm/mean", "reward/task/countdown/std", "response_length/mean", "response_length/max",
-    "response_length/truncated_frac", "episode/turns_mean", "episode/tool_calls_mean", "flags/frac",
-    "flags/format_violation_frac", "mismatch/prob_ratio_mean", "mismatch/k3_kl", "mismatch/max_abs_logprob_diff",
-    "loss/policy", "entropy", "approx_kl", "grad_norm", "time/train", "time/step",
-    "throughput/rollout_tokens_per_s", "throughput/trainer_tokens_per_s",
+    "reward/mean",
+    "reward/std",
+    "reward/min",
+    "reward/max",
+    "reward/correct/mean",
+    "reward/format/max",
+    "reward/task/gsm/mean",
+    "reward/task/countdown/std",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/truncated_frac",
+    "episode/turns_mean",
+    "episode/tool_calls_mean",
+    "flags/frac",
+    "flags/format_violation_frac",
+    "mismatch/prob_ratio_mean",
+    "mismatch/k3_kl",
+    "mismatch/max_abs_logprob_diff",
+    "loss/policy",
+    "entropy",
+    "approx_kl",
+    "grad_norm",
+    "time/train",
+    "time/step",
+    "throughput/rollout_tokens_per_s",
+    "throughput/trainer_tokens_per_s",
 ]
 
 
@@ -63,7 +83,9 @@ def test_unknown_metric_name_rejected(tmp_path):
 
 
 def test_steps_buffer_independently(tmp_path):
-    with Monitor(MonitorConfig(console=False, tensorboard=False, rollout_store={"enabled": False}), tmp_path, total_steps=3) as mon:
+    with Monitor(
+        MonitorConfig(console=False, tensorboard=False, rollout_store={"enabled": False}), tmp_path, total_steps=3
+    ) as mon:
         mon.log(1, {"reward/mean": 1.0})  # async: next step's rollouts arrive first
         mon.log(0, {"loss/policy": 0.5})
         mon.end_step(0)
@@ -99,7 +121,9 @@ def test_wandb_logs_when_installed(tmp_path, monkeypatch):
         return FakeRun()
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
-    cfg = MonitorConfig(console=False, tensorboard=False, wandb={"enabled": True, "project": "p", "entity": "e", "mode": "offline"})
+    cfg = MonitorConfig(
+        console=False, tensorboard=False, wandb={"enabled": True, "project": "p", "entity": "e", "mode": "offline"}
+    )
     with Monitor(cfg, tmp_path / "myrun", total_steps=1, run_config={"seed": 1}) as mon:
         mon.log(0, {"reward/mean": 0.5})
         mon.end_step(0)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hetrl.config.reward import RewardConfig
-from hetrl.reward.rubric import Rubric
 from hetrl.records import Sample
+from hetrl.reward.rubric import Rubric
 
 
 def _sample(rewards: dict[str, float]) -> Sample:
@@ -21,4 +21,6 @@ def test_env_verdict_is_the_reward_and_survives_a_rescore():
 
 def test_an_unscored_episode_gets_zero_and_a_flag():
     outcome = Rubric.from_config(RewardConfig(functions=[{"name": "env"}])).score(_sample({}))
-    assert outcome.total == 0.0 and "reward/env_unscored" in outcome.flags and outcome.metrics["env/unscored_frac"] == 1.0
+    assert (
+        outcome.total == 0.0 and "reward/env_unscored" in outcome.flags and outcome.metrics["env/unscored_frac"] == 1.0
+    )

@@ -2,16 +2,15 @@
 
 import pytest
 
-from hetrl.config.reward import SandboxConfig, SandboxLimits
+from hetrl.config.reward import JudgeConfig, SandboxConfig, SandboxLimits
+from hetrl.records import Sample
 from hetrl.reward import hacking as H
 from hetrl.reward.code_tests import CodeReward
-from hetrl.config.reward import JudgeConfig
 from hetrl.reward.judge import JudgeReward
-from hetrl.reward.serving import Completion, CompletionResult
 from hetrl.reward.rubric import Rubric, WeightedFn
+from hetrl.reward.serving import Completion, CompletionResult
 from hetrl.reward.shaping import FormatReward
 from hetrl.sandbox import SandboxPool, detect_isolation
-from hetrl.records import Sample
 
 pytestmark = pytest.mark.skipif(not detect_isolation().isolated, reason="needs sandbox isolation")
 
@@ -20,7 +19,19 @@ HONEST = "def add(a, b):\n    return a + b\n"
 
 
 def sample(text, answer=ADD_TESTS, prompt="Write add(a, b)."):
-    return Sample("s1", "g1", "code", [1], [2, 3], [1, 1], [0.0, 0.0], [0, 0], prompt_text=prompt, completion_text=text, answer=answer)
+    return Sample(
+        "s1",
+        "g1",
+        "code",
+        [1],
+        [2, 3],
+        [1, 1],
+        [0.0, 0.0],
+        [0, 0],
+        prompt_text=prompt,
+        completion_text=text,
+        answer=answer,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +50,28 @@ def rubric(pool):
 CODE_HACKS = {
     "sys_exit_before_asserts": ("import sys\nsys.exit(0)\n" + HONEST, H.EARLY_EXIT),
     "os_exit_before_asserts": ("import os\nos._exit(0)\n" + HONEST, H.EARLY_EXIT),
-    "eq_always_true": ("class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()\n", H.EQ_OVERRIDE),
-    "conftest_plant": ("open('conftest.py', 'w').write('def pytest_runtest_call(item): pass')\ndef add(a, b):\n    return 0\n", H.HARNESS_TAMPER),
-    "patch_harness": ("import sys\nsys.modules['__main__']._encode = lambda v, d=0: 3\ndef add(a, b):\n    return 0\n", H.HARNESS_TAMPER),
+    "eq_always_true": (
+        "class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()\n",
+        H.EQ_OVERRIDE,
+    ),
+    "conftest_plant": (
+        "open('conftest.py', 'w').write('def pytest_runtest_call(item): pass')\ndef add(a, b):\n    return 0\n",
+        H.HARNESS_TAMPER,
+    ),
+    "patch_harness": (
+        "import sys\nsys.modules['__main__']._encode = lambda v, d=0: 3\ndef add(a, b):\n    return 0\n",
+        H.HARNESS_TAMPER,
+    ),
     "fake_all_passed": ("print('All tests passed!')\ndef add(a, b):\n    return 0\n", H.FAKE_PASS_OUTPUT),
-    "write_tests": ("try:\n    open('inputs.json', 'w').write('[]')\nexcept OSError:\n    pass\ndef add(a, b):\n    return 0\n", H.CHANNEL_TAMPER),
-    "forge_channel": ("import os\nos.write(int(os.environ['HETRL_CHANNEL_FD']), b'{\"event\": \"result\", \"i\": 0, \"value\": 3}\\n')\ndef add(a, b):\n    return 0\n", H.CHANNEL_TAMPER),
+    "write_tests": (
+        "try:\n    open('inputs.json', 'w').write('[]')\nexcept OSError:\n    pass\ndef add(a, b):\n    return 0\n",
+        H.CHANNEL_TAMPER,
+    ),
+    "forge_channel": (
+        'import os\nos.write(int(os.environ[\'HETRL_CHANNEL_FD\']), b\'{"event": "result", "i": 0, "value": '
+        "3}\\n')\ndef add(a, b):\n    return 0\n",
+        H.CHANNEL_TAMPER,
+    ),
     "read_reference": ("def add(a, b):\n    return eval(open('/reference/solution.py').read())\n", H.REFERENCE_ACCESS),
     "read_env": ("import os\ndef add(a, b):\n    return int(os.environ.get('EXPECTED', 0))\n", H.REFERENCE_ACCESS),
 }
@@ -61,9 +88,16 @@ def test_code_hack_scores_zero_with_flag(rubric, name):
 
 RUNTIME_ONLY = {  # caught by the host-side verdict and the harness's records alone, without the static scan
     "os_exit": ("import os\nos._exit(0)\n" + HONEST, H.EARLY_EXIT),
-    "eq_always_true": ("class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()\n", H.EQ_OVERRIDE),
+    "eq_always_true": (
+        "class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()\n",
+        H.EQ_OVERRIDE,
+    ),
     "conftest_plant": ("open('conftest.py', 'w').write('x')\ndef add(a, b):\n    return 0\n", H.HARNESS_TAMPER),
-    "forge_channel_by_fd": ("import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'{\"event\": \"result\", \"i\": 0, \"value\": 3}\\n')\n    except OSError:\n        pass\ndef add(a, b):\n    return 0\n", H.CHANNEL_TAMPER),
+    "forge_channel_by_fd": (
+        'import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b\'{"event": "result", "i": 0, "value": '
+        "3}\\n')\n    except OSError:\n        pass\ndef add(a, b):\n    return 0\n",
+        H.CHANNEL_TAMPER,
+    ),
 }
 
 
@@ -132,6 +166,8 @@ def test_out_of_range_judge_verdict_is_rejected():
 def test_a_docstring_is_not_an_access():
     from hetrl.reward.hacking import scan_code
 
-    documented = 'def f(xs):\n    """Sum of the expected values at indices 0..n; see the reference."""\n    return sum(xs)\n'
+    documented = (
+        'def f(xs):\n    """Sum of the expected values at indices 0..n; see the reference."""\n    return sum(xs)\n'
+    )
     assert scan_code(documented) == []
     assert H.REFERENCE_ACCESS in scan_code('def f():\n    return open("../expected.json").read()\n')

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    model_dir = build_random_hf_checkpoint(ModelConfig(max_position_embeddings=1024), tmp_path_factory.mktemp("judge"), seed=3)
+    model_dir = build_random_hf_checkpoint(
+        ModelConfig(max_position_embeddings=1024), tmp_path_factory.mktemp("judge"), seed=3
+    )
     return JudgeEngine(model_dir, JudgeConfig(top_logprobs=20), RewardServerConfig(kv_cache_memory_mb=64), seed=0)
 
 
@@ -42,7 +44,9 @@ def test_both_scoring_modes_through_the_engine(engine):
         return result
 
     # A random model never writes a parsable verdict: every retry is spent, then the default applies.
-    verdict = JudgePipeline(ask, JudgeConfig(max_retries=1, default_score=0.25, max_tokens=16)).judge("What is 2+2?", "4")
+    verdict = JudgePipeline(ask, JudgeConfig(max_retries=1, default_score=0.25, max_tokens=16)).judge(
+        "What is 2+2?", "4"
+    )
     assert verdict.failed and verdict.attempts == 2 and verdict.score == 0.25
     # Scored from the next-token candidates, the same model always gives a verdict on the scale.
     expected = JudgePipeline(ask, JudgeConfig(scoring="expected", max_score=9)).judge("What is 2+2?", "4")

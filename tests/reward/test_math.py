@@ -1,20 +1,33 @@
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from typing import Callable
 
 import pytest
 import sympy
 from math_verify import parse, verify
 
+from hetrl.records import Sample
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
 from hetrl.reward.math_answers import (
-    ERROR, NO_ANSWER, PARTIAL_PARSE, TIMEOUT, TOLERANCE_FALSE_POSITIVE, FinalAnswer, MathReward, MathVerdict,
-    MathVerifier, _sympy_verdict, _tolerance_ok, boxed_contents, check_answer, find_answer, quick_verdict,
+    ERROR,
+    NO_ANSWER,
+    PARTIAL_PARSE,
+    TIMEOUT,
+    TOLERANCE_FALSE_POSITIVE,
+    FinalAnswer,
+    MathReward,
+    MathVerdict,
+    MathVerifier,
+    _sympy_verdict,
+    _tolerance_ok,
+    boxed_contents,
+    check_answer,
+    find_answer,
+    quick_verdict,
 )
-from hetrl.records import Sample
 
 
 def cot(seed: int, steps: int = 30) -> str:
@@ -22,8 +35,10 @@ def cot(seed: int, steps: int = 30) -> str:
     lines = []
     for i in range(steps):
         a, b = (seed * 31 + i * 17) % 97 + 2, (seed * 7 + i * 5) % 13 + 2
-        lines.append(f"Step {i + 1}: we multiply the {a} terms by $\\frac{{{b}}}{{{b + 1}}}$, "
-                     f"so $x_{{{i}}} = {a * b}$, and the remainder is {a % b}, which we keep for later.")
+        lines.append(
+            f"Step {i + 1}: we multiply the {a} terms by $\\frac{{{b}}}{{{b + 1}}}$, "
+            f"so $x_{{{i}}} = {a * b}$, and the remainder is {a % b}, which we keep for later."
+        )
     return "\n".join(lines)
 
 
@@ -39,36 +54,80 @@ M_PLUS_I = r"\begin{pmatrix}1&2\\3&4\end{pmatrix}+\begin{pmatrix}1&0\\0&1\end{pm
 # (completion, reference): hetrl's verdict must be math-verify's own (parse + verify called directly).
 AGREEMENT = [
     # plain numbers (decided in process)
-    (box("42"), "42"), (box("0.5"), r"\frac12"), (box(r"\frac{6}{8}"), "0.75"), (box("3/4"), r"\frac{3}{4}"),
-    (box(r"-\dfrac{3}{4}"), "-0.75"), (box("007"), "7"), (box(".5"), "1/2"), (box("+5"), "5"), (box("5."), "5"),
-    (box("0.333333"), r"\frac13"), (box("0.3333333"), r"\frac13"), (box("0.33"), r"\frac13"), (box("7"), "8"),
-    (box(r"\$18"), "18"), (box("1,000"), "1000"), (box(r"50\%"), "50"), (box(r"50\%"), "0.5"),
-    (box(r"33.3333\%"), r"\frac13"), (box(r"30^\circ"), "30"), (box(r"\frac{1}{0}"), "1"),
+    (box("42"), "42"),
+    (box("0.5"), r"\frac12"),
+    (box(r"\frac{6}{8}"), "0.75"),
+    (box("3/4"), r"\frac{3}{4}"),
+    (box(r"-\dfrac{3}{4}"), "-0.75"),
+    (box("007"), "7"),
+    (box(".5"), "1/2"),
+    (box("+5"), "5"),
+    (box("5."), "5"),
+    (box("0.333333"), r"\frac13"),
+    (box("0.3333333"), r"\frac13"),
+    (box("0.33"), r"\frac13"),
+    (box("7"), "8"),
+    (box(r"\$18"), "18"),
+    (box("1,000"), "1000"),
+    (box(r"50\%"), "50"),
+    (box(r"50\%"), "0.5"),
+    (box(r"33.3333\%"), r"\frac13"),
+    (box(r"30^\circ"), "30"),
+    (box(r"\frac{1}{0}"), "1"),
     # units
-    (r"The side is \boxed{5\text{ cm}}", "5"), (r"so \boxed{12\textnormal{ miles}}", "12"),
-    (box(r"5\text{ cm}^2"), "5"), (box(r"5 \text{ dollars}"), "5"), (box("5 cm"), "5"), (box(r"5 \, \text{cm}"), "5"),
+    (r"The side is \boxed{5\text{ cm}}", "5"),
+    (r"so \boxed{12\textnormal{ miles}}", "12"),
+    (box(r"5\text{ cm}^2"), "5"),
+    (box(r"5 \text{ dollars}"), "5"),
+    (box("5 cm"), "5"),
+    (box(r"5 \, \text{cm}"), "5"),
     (box(r"2.5\mbox{ kg}"), "2.5"),
-    (box(r"5 \text{m}/\text{s}"), "5"), (box(r"\frac{3}{4}\text{ of the pie}"), "0.75"), (box(r"6\text{ cm}"), "5"),
-    (r"\boxed{2}\text{ cm}", "2"), (box(r"10\mathrm{m}"), "10"),
+    (box(r"5 \text{m}/\text{s}"), "5"),
+    (box(r"\frac{3}{4}\text{ of the pie}"), "0.75"),
+    (box(r"6\text{ cm}"), "5"),
+    (r"\boxed{2}\text{ cm}", "2"),
+    (box(r"10\mathrm{m}"), "10"),
     # matrices, also written as a sum or a product (sympy recursed on these in the tolerance re-check)
-    (box(M), M), (box(M), r"\begin{pmatrix}1&2\\3&5\end{pmatrix}"),
+    (box(M), M),
+    (box(M), r"\begin{pmatrix}1&2\\3&5\end{pmatrix}"),
     (box(M_PLUS_I), r"\begin{pmatrix}2&2\\3&5\end{pmatrix}"),
-    (box("2" + M), r"\begin{pmatrix}2&4\\6&8\end{pmatrix}"), (box("2" + M), M),
+    (box("2" + M), r"\begin{pmatrix}2&4\\6&8\end{pmatrix}"),
+    (box("2" + M), M),
     (box(r"\begin{bmatrix}0.5\\1\end{bmatrix}"), r"\begin{pmatrix}\frac12\\1\end{pmatrix}"),
     # sets and tuples
-    (box(r"\{1,2\}"), r"\{1,2\}"), (box(r"\{2,1\}"), r"\{1,2\}"), (box("4,-8,-10"), "-10,-8,4"),
-    (box("-10,-8,4"), "a=4,-8,-10"), (box("-10,-8"), "a=4,-8,-10"), (r"\boxed{2}, \boxed{3}", "2,3"),
-    (r"\boxed{2} and \boxed{3}", r"\{2,3\}"), (box("3"), "3,5"), (box(r"\{3\}"), "3"), (box("3"), r"\{3\}"),
-    (box("(1,2)"), "(1,2)"), (box("1,2"), "(1,2)"), (box("(2,1)"), "(1,2)"), (box("(4,-8,-10)"), "(-10,-8,4)"),
+    (box(r"\{1,2\}"), r"\{1,2\}"),
+    (box(r"\{2,1\}"), r"\{1,2\}"),
+    (box("4,-8,-10"), "-10,-8,4"),
+    (box("-10,-8,4"), "a=4,-8,-10"),
+    (box("-10,-8"), "a=4,-8,-10"),
+    (r"\boxed{2}, \boxed{3}", "2,3"),
+    (r"\boxed{2} and \boxed{3}", r"\{2,3\}"),
+    (box("3"), "3,5"),
+    (box(r"\{3\}"), "3"),
+    (box("3"), r"\{3\}"),
+    (box("(1,2)"), "(1,2)"),
+    (box("1,2"), "(1,2)"),
+    (box("(2,1)"), "(1,2)"),
+    (box("(4,-8,-10)"), "(-10,-8,4)"),
     (box("(3, -1, 2)"), "(3,-1,2)"),
     # intervals
-    (box("[1,2)"), "[1,2)"), (box("(1,2]"), "[1,2)"), (box(r"x \in [1,2)"), "[1,2)"), (box("[1,2)"), r"x\in[1,2)"),
-    (box(r"(-\infty, 3]"), r"(-\infty,3]"), (box(r"(-\infty,1)\cup(2,\infty)"), r"(-\infty,1)\cup(2,\infty)"),
+    (box("[1,2)"), "[1,2)"),
+    (box("(1,2]"), "[1,2)"),
+    (box(r"x \in [1,2)"), "[1,2)"),
+    (box("[1,2)"), r"x\in[1,2)"),
+    (box(r"(-\infty, 3]"), r"(-\infty,3]"),
+    (box(r"(-\infty,1)\cup(2,\infty)"), r"(-\infty,1)\cup(2,\infty)"),
     (box(r"1 \le x < 2"), "[1,2)"),
     # equations and expressions
-    (box("x=5"), "5"), (box("5"), "x=5"), (box("y=5"), "x=5"), (box("y = 2x + 1"), "y=2x+1"),
-    (box("x^2+2x+1"), "(x+1)^2"), (box(r"\sqrt{2}"), r"\frac{2}{\sqrt{2}}"), (box(r"\frac{\pi}{2}"), r"\frac{\pi}{3}"),
-    (box(r"\frac{1}{2^{99}}"), r"\frac{1}{2^{99}}"), (box("10^{10^{3}}"), "1"),
+    (box("x=5"), "5"),
+    (box("5"), "x=5"),
+    (box("y=5"), "x=5"),
+    (box("y = 2x + 1"), "y=2x+1"),
+    (box("x^2+2x+1"), "(x+1)^2"),
+    (box(r"\sqrt{2}"), r"\frac{2}{\sqrt{2}}"),
+    (box(r"\frac{\pi}{2}"), r"\frac{\pi}{3}"),
+    (box(r"\frac{1}{2^{99}}"), r"\frac{1}{2^{99}}"),
+    (box("10^{10^{3}}"), "1"),
     # long chains of thought: boxed early or late, unboxed early (more than 500 characters before the end) or late
     (cot(1) + "\nTherefore the answer is $\\boxed{42}$.", "42"),
     (cot(2) + "\nSo $\\boxed{\\frac{3}{4}}$ of the tank is full.", "0.75"),
@@ -85,7 +144,13 @@ AGREEMENT = [
     (cot(9), "42"),
     ("no answer here", "8"),
     # unboxed plain numbers (an answer tag's content)
-    ("7", "7"), (" 12 ", "12"), ("-3", "-3"), ("007", "7"), ("0.5", "1/2"), ("7", "8"), ("-7", "7"),
+    ("7", "7"),
+    (" 12 ", "12"),
+    ("-3", "-3"),
+    ("007", "7"),
+    ("0.5", "1/2"),
+    ("7", "8"),
+    ("-7", "7"),
     ("123456789012345678901234567890", "123456789012345678901234567891"),
 ]
 
@@ -147,8 +212,12 @@ def test_guards(completion, gold, correct, flag):
 def render(value: Fraction, rng: random.Random, decimal: bool = True) -> str:
     """One of the ways a policy writes an exact value."""
     p, q, sign = value.numerator, value.denominator, "-" if value < 0 else ""
-    forms = [f"\\frac{{{p}}}{{{q}}}", f"{sign}\\frac{{{abs(p)}}}{{{q}}}", f"\\dfrac{{{p}}}{{{q}}}",
-             f"{sign}{abs(p)}/{q}"]
+    forms = [
+        f"\\frac{{{p}}}{{{q}}}",
+        f"{sign}\\frac{{{abs(p)}}}{{{q}}}",
+        f"\\dfrac{{{p}}}{{{q}}}",
+        f"{sign}{abs(p)}/{q}",
+    ]
     if q == 1:
         forms += [str(p), str(p), f"+{p}" if p > 0 else str(p)]
     if decimal and (value * 100).denominator == 1:
@@ -158,6 +227,7 @@ def render(value: Fraction, rng: random.Random, decimal: bool = True) -> str:
 
 def plain_answer(kind: str, rng: random.Random) -> tuple[object, Callable[[object], str]]:
     """A random value of one kind and a function writing it in a random surface form."""
+
     def exact():
         return Fraction(rng.randint(-9, 9), rng.choice([1, 1, 2, 4, 3]))
 
@@ -207,27 +277,59 @@ def test_plain_answers_in_process_match_the_worker_and_math_verify(seed):
     assert decided >= 15
 
 
-@pytest.mark.parametrize("text", ["7", "0.5", r"\frac{3}{4}", r"5\text{ cm}", "3/4", r"12\textnormal{ miles}", "1,000",
-                                  r"\{1, 2\}", "-10,-8,4", "(1, 2)", "[1, 2)", r"(-\infty, 3]", "2" + M])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "7",
+        "0.5",
+        r"\frac{3}{4}",
+        r"5\text{ cm}",
+        "3/4",
+        r"12\textnormal{ miles}",
+        "1,000",
+        r"\{1, 2\}",
+        "-10,-8,4",
+        "(1, 2)",
+        "[1, 2)",
+        r"(-\infty, 3]",
+        "2" + M,
+    ],
+)
 def test_plain_answers_skip_sympy(text):
     assert quick_verdict(find_answer(box(text)), text).correct
 
 
-@pytest.mark.parametrize("text", ["x+1", r"\sqrt{2}", r"3 \text{ hours } 20", r"50\%", r"\frac{1}{0}",
-                                  "0.1234567890123456", "1,000, 2", "[5, 2)", r"x \in [1, 2)", r"\{0.5, 1\}",
-                                  r"\begin{vmatrix}1&2\\3&4\end{vmatrix}"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x+1",
+        r"\sqrt{2}",
+        r"3 \text{ hours } 20",
+        r"50\%",
+        r"\frac{1}{0}",
+        "0.1234567890123456",
+        "1,000, 2",
+        "[5, 2)",
+        r"x \in [1, 2)",
+        r"\{0.5, 1\}",
+        r"\begin{vmatrix}1&2\\3&4\end{vmatrix}",
+    ],
+)
 def test_anything_else_goes_to_the_worker(text):
     assert quick_verdict(find_answer(box(text)), text) is None
 
 
-@pytest.mark.parametrize("completion, decided", [
-    (cot(1) + "\nThe final answer is $\\frac{3}{4}$.", True),
-    (cot(1) + "\nFinal Answer: The final answer is $5\\text{ cm}$. I hope it is correct.", True),
-    (cot(1) + "\nThe final answer is 17.", True),
-    ("The final answer is $2$, I think. Checking again, the final answer is $3$.", False),  # the first can outrank
-    ("The final answer is $2$. I hope it is correct. Or rather, the final answer is $3$.", False),
-    (cot(1) + "\nSo the answer is 17.", False),
-])
+@pytest.mark.parametrize(
+    "completion, decided",
+    [
+        (cot(1) + "\nThe final answer is $\\frac{3}{4}$.", True),
+        (cot(1) + "\nFinal Answer: The final answer is $5\\text{ cm}$. I hope it is correct.", True),
+        (cot(1) + "\nThe final answer is 17.", True),
+        ("The final answer is $2$, I think. Checking again, the final answer is $3$.", False),  # the first can outrank
+        ("The final answer is $2$. I hope it is correct. Or rather, the final answer is $3$.", False),
+        (cot(1) + "\nSo the answer is 17.", False),
+    ],
+)
 def test_unboxed_answers_in_process_only_where_math_verify_is_certain(completion, decided):
     assert (quick_verdict(find_answer(completion), "17") is not None) is decided
 
@@ -279,9 +381,13 @@ def verifier():
 
 
 def test_verifier_workers_score_what_check_answer_scores(verifier):
-    cases = [(box("2" + M), r"\begin{pmatrix}2&4\\6&8\end{pmatrix}"), (box("-10,-8,4"), "a=4,-8,-10"),
-             (box("x^2+2x+1"), "(x+1)^2"), (cot(1) + " The answer is 42.", "42"),
-             (box(r"\frac{1}{2^{98}}"), r"\frac{1}{2^{99}}")]
+    cases = [
+        (box("2" + M), r"\begin{pmatrix}2&4\\6&8\end{pmatrix}"),
+        (box("-10,-8,4"), "a=4,-8,-10"),
+        (box("x^2+2x+1"), "(x+1)^2"),
+        (cot(1) + " The answer is 42.", "42"),
+        (box(r"\frac{1}{2^{98}}"), r"\frac{1}{2^{99}}"),
+    ]
     for completion, gold in cases:
         assert verifier.verify(completion, gold) == check_answer(completion, gold)
 
@@ -311,8 +417,10 @@ def test_a_dead_worker_is_an_error_not_a_cached_verdict(verifier, monkeypatch):
 def test_math_reward_off_main_thread():
     reward = MathReward(timeout_s=20.0)
     try:
-        samples = [Sample(f"s{i}", "g", "math", [1], [], [], [], [], completion_text=box(f"\\sqrt{{{i}}}"),
-                          answer="\\sqrt{3}") for i in range(5)]
+        samples = [
+            Sample(f"s{i}", "g", "math", [1], [], [], [], [], completion_text=box(f"\\sqrt{{{i}}}"), answer="\\sqrt{3}")
+            for i in range(5)
+        ]
         with ThreadPoolExecutor(2) as ex:
             values = list(ex.map(reward, samples))
         assert [v.score for v in values] == [0.0, 0.0, 0.0, 1.0, 0.0]
@@ -326,7 +434,9 @@ def test_a_runaway_sympy_call_times_out_and_spares_the_rest():
     try:
         start = time.monotonic()
         assert verifier.verify("\\boxed{10^{10^{10}}}", "1").flags == [TIMEOUT]
-        assert verifier.verify("another sample: \\boxed{10^{10^{10}}}", "1").flags == [TIMEOUT]  # not cached: asked again
+        assert verifier.verify("another sample: \\boxed{10^{10^{10}}}", "1").flags == [
+            TIMEOUT
+        ]  # not cached: asked again
         assert time.monotonic() - start < 15
         assert verifier.verify("\\boxed{1}", "1").correct  # plain numbers never wait on a worker
         assert verifier.verify("\\boxed{10^{10^{10}}}", "10^{10^{10}}").correct  # a fresh worker
@@ -336,6 +446,7 @@ def test_a_runaway_sympy_call_times_out_and_spares_the_rest():
 
 def test_answer_tag_ignores_digits_outside_the_tags():
     """Without tags, math-verify reads the last number anywhere: noise containing the right digit pays."""
+
     def sample(text):
         return Sample("s", "g", "t", [1], [2], [1], [0.0], [0], completion_text=text, answer="5")
 

@@ -8,10 +8,10 @@ transformers = pytest.importorskip("transformers")
 from hetrl.config.model import ModelConfig  # noqa: E402
 from hetrl.config.reward import RewardConfig, RewardModelConfig  # noqa: E402
 from hetrl.models.hf import build_random_hf_checkpoint  # noqa: E402
+from hetrl.records import Sample  # noqa: E402
 from hetrl.reward.reward_model import RewardModelReward  # noqa: E402
 from hetrl.reward.rubric import Rubric  # noqa: E402
 from hetrl.reward.serving import RewardModelScorer  # noqa: E402
-from hetrl.records import Sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,11 @@ def chat(prompt, response):
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
 
 
-PAIRS = [chat("What is 2+2?", "4"), chat("Name a colour.", "A long answer: blue, like the sky at noon."), chat("Hi", "")]
+PAIRS = [
+    chat("What is 2+2?", "4"),
+    chat("Name a colour.", "A long answer: blue, like the sky at noon."),
+    chat("Hi", ""),
+]
 
 
 def test_batched_scores_match_single_ones(scorer):
@@ -40,12 +44,16 @@ def test_batched_scores_match_single_ones(scorer):
 def test_the_fresh_head_is_seeded(policy_dir, scorer):
     again = RewardModelScorer(policy_dir, RewardModelConfig(batch_size=2, max_length=48), seed=0, fresh_head=True)
     other = RewardModelScorer(policy_dir, RewardModelConfig(batch_size=2, max_length=48), seed=1, fresh_head=True)
-    assert again.score(PAIRS) == pytest.approx(scorer.score(PAIRS)) and other.score(PAIRS) != pytest.approx(scorer.score(PAIRS))
+    assert again.score(PAIRS) == pytest.approx(scorer.score(PAIRS)) and other.score(PAIRS) != pytest.approx(
+        scorer.score(PAIRS)
+    )
 
 
 def test_left_truncation_keeps_the_response(scorer):
     long_prompt = "blah " * 100
-    assert scorer.score([chat(long_prompt, "4")]) == pytest.approx(scorer.score([chat("x " + long_prompt, "4")]), abs=1e-5)
+    assert scorer.score([chat(long_prompt, "4")]) == pytest.approx(
+        scorer.score([chat("x " + long_prompt, "4")]), abs=1e-5
+    )
     assert scorer.score([chat(long_prompt, "4")]) != pytest.approx(scorer.score([chat(long_prompt, "5")]), abs=1e-7)
 
 
@@ -60,13 +68,28 @@ class FakeServer:
 
 def test_usable_as_a_weighted_reward_function(scorer):
     server = FakeServer(scorer)
-    config = RewardConfig(functions=[{"name": "reward_model", "weight": 0.5, "kwargs": {"scale": 2.0}}], reward_model={"path": "policy"})
+    config = RewardConfig(
+        functions=[{"name": "reward_model", "weight": 0.5, "kwargs": {"scale": 2.0}}], reward_model={"path": "policy"}
+    )
     rubric = Rubric.from_config(config, resources={"reward_server": server})
-    sample = Sample("s", "g", "t", [1, 2], [3, 4], [1, 1], [0.0, 0.0], [0, 0], prompt_text="<user>What is 2+2?", completion_text="4</s>",
-                    info={"messages": chat("What is 2+2?", "4")})
+    sample = Sample(
+        "s",
+        "g",
+        "t",
+        [1, 2],
+        [3, 4],
+        [1, 1],
+        [0.0, 0.0],
+        [0, 0],
+        prompt_text="<user>What is 2+2?",
+        completion_text="4</s>",
+        info={"messages": chat("What is 2+2?", "4")},
+    )
     out = rubric.score(sample)
     assert server.asked == [chat("What is 2+2?", "4")]  # the conversation, not the templated text
-    assert out.total == pytest.approx(0.5 * 2.0 * scorer.score([chat("What is 2+2?", "4")])[0], abs=1e-6) and not out.flags
+    assert (
+        out.total == pytest.approx(0.5 * 2.0 * scorer.score([chat("What is 2+2?", "4")])[0], abs=1e-6) and not out.flags
+    )
     assert isinstance(RewardModelReward(server), RewardModelReward)
 
 

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from hetrl.config.reward import RewardConfig, SandboxConfig
+from hetrl.records import Sample
 from hetrl.reward.rubric import Rubric
 from hetrl.sandbox import IsolationReport, SandboxPool, detect_isolation
-from hetrl.records import Sample
 
 ISOLATION = detect_isolation()
 needs_isolation = pytest.mark.skipif(not ISOLATION.isolated, reason=f"needs sandbox isolation: {ISOLATION.detail}")
@@ -36,7 +36,9 @@ def sample(code: str, expected) -> Sample:
 
 
 def rubric(sandbox: dict, **kwargs) -> Rubric:
-    return Rubric.from_config(RewardConfig(functions=[{"name": "code", "kwargs": {"static_scan": False, **kwargs}}], sandbox=sandbox))
+    return Rubric.from_config(
+        RewardConfig(functions=[{"name": "code", "kwargs": {"static_scan": False, **kwargs}}], sandbox=sandbox)
+    )
 
 
 def score(sandbox: dict, code: str, expected) -> float:
@@ -53,29 +55,76 @@ def limits(**values) -> dict:
 
 # key -> (program defining f(), what f() must return, sandbox that stops it, sandbox that lets it pass)
 KEYS = {
-    "limits.wall_s": ("import time\ndef f():\n    time.sleep(1.0)\n    return 1\n", 1, limits(wall_s=0.5), limits(wall_s=8)),
-    "limits.cpu_s": ("import time\ndef f():\n    while time.process_time() < 1.1:\n        pass\n    return 1\n", 1,
-                     limits(cpu_s=1, wall_s=30), limits(cpu_s=2, wall_s=30)),
-    "limits.memory_mb": ("def f():\n    return len(bytearray(150 << 20)) > 0\n", True, limits(memory_mb=100), limits(memory_mb=400)),
+    "limits.wall_s": (
+        "import time\ndef f():\n    time.sleep(1.0)\n    return 1\n",
+        1,
+        limits(wall_s=0.5),
+        limits(wall_s=8),
+    ),
+    "limits.cpu_s": (
+        "import time\ndef f():\n    while time.process_time() < 1.1:\n        pass\n    return 1\n",
+        1,
+        limits(cpu_s=1, wall_s=30),
+        limits(cpu_s=2, wall_s=30),
+    ),
+    "limits.memory_mb": (
+        "def f():\n    return len(bytearray(150 << 20)) > 0\n",
+        True,
+        limits(memory_mb=100),
+        limits(memory_mb=400),
+    ),
     "limits.max_processes": (
-        "import os, time\ndef f():\n    n = 0\n    for _ in range(8):\n        try:\n            pid = os.fork()\n        except OSError:\n"
-        "            break\n        if pid == 0:\n            time.sleep(0.3)\n            os._exit(0)\n        n += 1\n    return n\n",
-        8, limits(max_processes=4), limits(max_processes=16)),
-    "limits.max_open_files": ("import os\ndef f():\n    return len([os.open('/dev/null', os.O_RDONLY) for _ in range(40)])\n", 40,
-                              limits(max_open_files=16), limits(max_open_files=64)),
-    "limits.max_output_bytes": ("def f():\n    print('x' * 100000, flush=True)\n    return 1\n", 1,
-                                limits(max_output_bytes=32768), limits(max_output_bytes=1 << 20)),
-    "limits.max_file_bytes": ("def f():\n    open('big', 'wb').write(b'x' * (3 << 20))\n    return 1\n", 1,
-                              limits(max_file_bytes=1 << 20), limits(max_file_bytes=8 << 20)),
-    "limits.tmpfs_mb": ("def f():\n    open('/tmp/big', 'wb').write(b'x' * (3 << 20))\n    return 1\n", 1, limits(tmpfs_mb=2), limits(tmpfs_mb=8)),
-    "ro_binds": ("import os\ndef f():\n    return os.path.exists('/etc/os-release')\n", True,
-                 {"ro_binds": DEFAULT_BINDS}, {"ro_binds": [*DEFAULT_BINDS, "/etc/os-release"]}),
-    "seccomp": ("import ctypes\ndef f():\n    return ctypes.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0)\n", 0,  # PTRACE_TRACEME
-                {"seccomp": True}, {"seccomp": False}),
+        "import os, time\ndef f():\n    n = 0\n    for _ in range(8):\n        try:\n            pid = os.fork()\n    "
+        "    except OSError:\n"
+        "            break\n        if pid == 0:\n            time.sleep(0.3)\n            os._exit(0)\n        n += "
+        "1\n    return n\n",
+        8,
+        limits(max_processes=4),
+        limits(max_processes=16),
+    ),
+    "limits.max_open_files": (
+        "import os\ndef f():\n    return len([os.open('/dev/null', os.O_RDONLY) for _ in range(40)])\n",
+        40,
+        limits(max_open_files=16),
+        limits(max_open_files=64),
+    ),
+    "limits.max_output_bytes": (
+        "def f():\n    print('x' * 100000, flush=True)\n    return 1\n",
+        1,
+        limits(max_output_bytes=32768),
+        limits(max_output_bytes=1 << 20),
+    ),
+    "limits.max_file_bytes": (
+        "def f():\n    open('big', 'wb').write(b'x' * (3 << 20))\n    return 1\n",
+        1,
+        limits(max_file_bytes=1 << 20),
+        limits(max_file_bytes=8 << 20),
+    ),
+    "limits.tmpfs_mb": (
+        "def f():\n    open('/tmp/big', 'wb').write(b'x' * (3 << 20))\n    return 1\n",
+        1,
+        limits(tmpfs_mb=2),
+        limits(tmpfs_mb=8),
+    ),
+    "ro_binds": (
+        "import os\ndef f():\n    return os.path.exists('/etc/os-release')\n",
+        True,
+        {"ro_binds": DEFAULT_BINDS},
+        {"ro_binds": [*DEFAULT_BINDS, "/etc/os-release"]},
+    ),
+    "seccomp": (
+        "import ctypes\ndef f():\n    return ctypes.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0)\n",
+        0,  # PTRACE_TRACEME
+        {"seccomp": True},
+        {"seccomp": False},
+    ),
     "uid_base": ("import os\ndef f():\n    return os.getuid()\n", 62000, {"uid_base": 61000}, {"uid_base": 62000}),
 }
-MARKS = {"ro_binds": [needs_isolation], "uid_base": [needs_root],
-         "seccomp": [pytest.mark.skipif(not ISOLATION.seccomp, reason="no seccomp here")]}
+MARKS = {
+    "ro_binds": [needs_isolation],
+    "uid_base": [needs_root],
+    "seccomp": [pytest.mark.skipif(not ISOLATION.seccomp, reason="no seccomp here")],
+}
 
 
 @pytest.mark.parametrize("key", [pytest.param(k, marks=MARKS.get(k, [needs_isolation])) for k in KEYS])
@@ -167,7 +216,9 @@ def test_allow_unisolated_when_bwrap_is_missing(monkeypatch):
     monkeypatch.setattr("hetrl.sandbox.pool.detect_isolation", lambda: NO_BWRAP)
     with pytest.raises(RuntimeError, match="refusing to run untrusted code"):
         rubric({"allow_unisolated": False})
-    code = "import os\ndef f():\n    return os.getcwd().startswith('/tmp/hetrl-unisolated-')\n"  # a host dir: no namespace
+    code = (
+        "import os\ndef f():\n    return os.getcwd().startswith('/tmp/hetrl-unisolated-')\n"  # a host dir: no namespace
+    )
     assert score({"allow_unisolated": True}, code, True) == 1.0
 
 
@@ -176,7 +227,9 @@ def test_allow_unisolated_when_bwrap_is_missing(monkeypatch):
 
 def test_one_pool_shared_built_only_when_needed_and_closed():
     assert Rubric.from_config(RewardConfig(functions=[{"name": "format"}])).owned == []
-    config = RewardConfig(functions=[{"name": "code"}, {"name": "code", "source": "code2", "weight": 0.0}], sandbox={"workers": 3})
+    config = RewardConfig(
+        functions=[{"name": "code"}, {"name": "code", "source": "code2", "weight": 0.0}], sandbox={"workers": 3}
+    )
     r = Rubric.from_config(config)
     [pool] = r.owned
     assert pool.config == config.sandbox and {wf.fn._pool for wf in r.functions} == {pool}

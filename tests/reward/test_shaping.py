@@ -1,12 +1,23 @@
 import pytest
 
-from hetrl.reward.shaping import FormatReward, LengthPenalty, NumericCloseness, OverlongPenalty, RepetitionPenalty
 from hetrl.records import Sample
+from hetrl.reward.shaping import FormatReward, LengthPenalty, NumericCloseness, OverlongPenalty, RepetitionPenalty
 
 
 def s(n=0, ids=None, text="", finish="stop"):
     ids = ids if ids is not None else list(range(n))
-    return Sample("s", "g", "t", [1], ids, [1] * len(ids), [0.0] * len(ids), [0] * len(ids), finish_reason=finish, completion_text=text)
+    return Sample(
+        "s",
+        "g",
+        "t",
+        [1],
+        ids,
+        [1] * len(ids),
+        [0.0] * len(ids),
+        [0] * len(ids),
+        finish_reason=finish,
+        completion_text=text,
+    )
 
 
 @pytest.mark.parametrize("length, expected", [(10, 0.0), (12, 0.0), (14, -0.5), (16, -1.0), (17, -1.0)])

@@ -4,14 +4,16 @@ import time
 import pytest
 
 from hetrl.config.reward import RewardConfig
+from hetrl.records import Sample
 from hetrl.reward import ConcurrentScorer, Rubric
 from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.rubric import WeightedFn
-from hetrl.records import Sample
 
 
 def sample(i, text):
-    return Sample(f"s{i}", "g", "t", [1], [2] * (i + 1), [1] * (i + 1), [0.0] * (i + 1), [0] * (i + 1), completion_text=text)
+    return Sample(
+        f"s{i}", "g", "t", [1], [2] * (i + 1), [1] * (i + 1), [0.0] * (i + 1), [0] * (i + 1), completion_text=text
+    )
 
 
 def drain(scorer, expected, timeout_s=10.0):
@@ -27,8 +29,14 @@ def drain(scorer, expected, timeout_s=10.0):
 
 
 def test_scores_every_sample_with_the_rubric():
-    rubric = Rubric.from_config(RewardConfig(functions=[{"name": "format", "weight": 1.0},
-                                                        {"name": "length", "weight": 0.0, "kwargs": {"target_tokens": 2}}]))
+    rubric = Rubric.from_config(
+        RewardConfig(
+            functions=[
+                {"name": "format", "weight": 1.0},
+                {"name": "length", "weight": 0.0, "kwargs": {"target_tokens": 2}},
+            ]
+        )
+    )
     scorer = ConcurrentScorer(rubric, concurrency=3)
     for i in range(6):
         scorer.submit(sample(i, "<think>t</think> \\boxed{1}" if i % 2 else "no format"))
@@ -53,7 +61,9 @@ def test_samples_are_scored_at_once_and_stream_out_as_they_finish():
     for i in range(4):
         scorer.submit(sample(i, "x"))
     first, failed = drain(scorer, 1)
-    assert not failed and [s.sample_id for s in first] == ["s0"] and scorer.in_flight == 3  # out before the others finish
+    assert (
+        not failed and [s.sample_id for s in first] == ["s0"] and scorer.in_flight == 3
+    )  # out before the others finish
     release.set()
     rest, failed = drain(scorer, 3)
     scorer.close()
@@ -64,7 +74,9 @@ def test_a_source_that_could_not_score_sends_its_sample_back():
     def unanswered(s):
         raise ScoringUnavailable("no judge answered")
 
-    scorer = ConcurrentScorer(Rubric([WeightedFn("ok", lambda s: 1.0, 1.0), WeightedFn("judge", unanswered, 1.0)]), concurrency=2)
+    scorer = ConcurrentScorer(
+        Rubric([WeightedFn("ok", lambda s: 1.0, 1.0), WeightedFn("judge", unanswered, 1.0)]), concurrency=2
+    )
     scorer.submit(sample(0, "x"))
     done, failed = drain(scorer, 1)
     scorer.close()

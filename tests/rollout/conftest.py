@@ -12,7 +12,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from hetrl.config.model import ModelConfig  # noqa: E402
 
 # head_dim 32 is the smallest vLLM's CPU attention accepts.
-TINY = dict(hidden_size=128, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=256, vocab_size=128, max_position_embeddings=256)
+TINY = dict(
+    hidden_size=128,
+    num_layers=2,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=256,
+    vocab_size=128,
+    max_position_embeddings=256,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,7 +46,10 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("rollout_models")
     cfg = tiny_model_config()
     # init_std 0.1 spreads the logits, so greedy decoding has no fp32 near-ties between HF and vLLM.
-    return {name: build_random_hf_checkpoint(cfg, root / name, seed=seed, init_std=0.1) for name, seed in (("a", 1), ("b", 2))}
+    return {
+        name: build_random_hf_checkpoint(cfg, root / name, seed=seed, init_std=0.1)
+        for name, seed in (("a", 1), ("b", 2))
+    }
 
 
 @pytest.fixture(scope="session")

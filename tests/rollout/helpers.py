@@ -9,8 +9,14 @@ from pathlib import Path
 
 import torch
 
-from hetrl.transport.weights import StagedWeights, WeightSyncError, build_weight_receiver, build_weight_sender, init_weight_sync_group
 from hetrl.records import GenerationRequest, SamplingParams
+from hetrl.transport.weights import (
+    StagedWeights,
+    WeightSyncError,
+    build_weight_receiver,
+    build_weight_sender,
+    init_weight_sync_group,
+)
 
 NEW_TOKENS = 16
 BUCKET_BYTES = 64 << 10  # many buckets even for the tiny model
@@ -48,7 +54,9 @@ def _run_sender(port: int, buckets, version: int, verify: bool, errors: list) ->
         errors.append(error)
 
 
-def push_over_gloo(buckets, version: int, verify: bool = False, shared_memory: bool = False) -> tuple[StagedWeights | WeightSyncError, list]:
+def push_over_gloo(
+    buckets, version: int, verify: bool = False, shared_memory: bool = False
+) -> tuple[StagedWeights | WeightSyncError, list]:
     """Trainer rank 0 in a thread, engine rank 1 here: one gloo group of their own."""
     port, errors = free_port(), []
     thread = threading.Thread(target=_run_sender, args=(port, buckets, version, verify, errors))
@@ -68,7 +76,13 @@ PROMPTS = [[5, 17, 33, 9, 60, 41], [70, 12, 8, 8, 91], [44, 3, 29, 77, 15, 16, 5
 def hf_greedy(model, prompt: list[int], max_new_tokens: int = NEW_TOKENS) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+        )
     return out[0, len(prompt) :].tolist()
 
 

@@ -41,7 +41,9 @@ def test_sampled_logprobs_match_hf_recompute(engine, checkpoints):
         for i, prompt in enumerate(_prompts(4))
     ]
     results = engine.generate(requests)
-    assert sorted((r.request_id, r.sample_index) for r in results) == sorted((f"lp{i}", s) for i in range(4) for s in range(2))
+    assert sorted((r.request_id, r.sample_index) for r in results) == sorted(
+        (f"lp{i}", s) for i in range(4) for s in range(2)
+    )
     model = load_hf(checkpoints["a"])
     diffs = []
     for result in results:
@@ -61,7 +63,10 @@ def test_sampled_logprobs_match_hf_recompute(engine, checkpoints):
 
 def test_short_requests_stream_out_before_a_long_one(engine):
     long_request = GenerationRequest("long", _prompts(1)[0], SamplingParams(max_tokens=200, ignore_eos=True))
-    shorts = [GenerationRequest(f"short{i}", p, SamplingParams(max_tokens=4, ignore_eos=True)) for i, p in enumerate(_prompts(3))]
+    shorts = [
+        GenerationRequest(f"short{i}", p, SamplingParams(max_tokens=4, ignore_eos=True))
+        for i, p in enumerate(_prompts(3))
+    ]
     engine.submit(long_request)
     for request in shorts:
         engine.submit(request)
@@ -93,25 +98,40 @@ def test_overlong_prompt_is_rejected_not_fatal(engine):
     assert engine.num_rejected == before + 1
     for index in range(2):
         rejected = results[("too-long", index)]
-        assert rejected.finish_reason == "rejected" and "context is 256" in rejected.error and rejected.response_ids == []
+        assert (
+            rejected.finish_reason == "rejected" and "context is 256" in rejected.error and rejected.response_ids == []
+        )
     assert results[("fine", 0)].finish_reason == "length" and len(results[("fine", 0)].response_ids) == 4
 
 
 def test_images_sent_to_a_text_model_are_rejected(engine):
     from PIL import Image
 
-    request = GenerationRequest("seeing", _prompts(1)[0], SamplingParams(max_tokens=4), images=[Image.new("RGB", (8, 8))])
+    request = GenerationRequest(
+        "seeing", _prompts(1)[0], SamplingParams(max_tokens=4), images=[Image.new("RGB", (8, 8))]
+    )
     (result,) = engine.generate([request])
-    assert result.finish_reason == "rejected" and "1 image(s) sent to LlamaForCausalLM, a model that takes no images" in result.error
+    assert (
+        result.finish_reason == "rejected"
+        and "1 image(s) sent to LlamaForCausalLM, a model that takes no images" in result.error
+    )
 
 
 def test_max_tokens_and_stop_token(engine):
     prompt = _prompts(1)[0]
-    (free,) = engine.generate([GenerationRequest("free", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))])
+    (free,) = engine.generate(
+        [GenerationRequest("free", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))]
+    )
     stop_at = free.response_ids[3]
     first = free.response_ids.index(stop_at)
     (stopped,) = engine.generate(
-        [GenerationRequest("stopped", prompt, SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop_at], ignore_eos=True))]
+        [
+            GenerationRequest(
+                "stopped",
+                prompt,
+                SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop_at], ignore_eos=True),
+            )
+        ]
     )
     assert stopped.finish_reason == "stop" and stopped.response_ids == free.response_ids[: first + 1]
 
@@ -153,5 +173,8 @@ def test_logprobs_at_temperature_below_one_are_of_the_tempered_policy(checkpoint
         for r in results
         for a, b in zip(r.logprobs, hf_logprobs(model, r.prompt_ids, r.response_ids, temperature), strict=True)
     ]
-    print(f"T={temperature}: engine vs HF log-probs over {len(diffs)} tokens: max abs diff {max(diffs):.2e}, mean {sum(diffs) / len(diffs):.2e}")
+    print(
+        f"T={temperature}: engine vs HF log-probs over {len(diffs)} tokens: max abs diff {max(diffs):.2e}, mean "
+        f"{sum(diffs) / len(diffs):.2e}"
+    )
     assert max(diffs) < 1e-4

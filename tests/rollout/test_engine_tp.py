@@ -1,7 +1,8 @@
 """An engine with tensor parallelism (TP=2 worker processes): greedy parity, weight pushes, failed pushes.
 
 vLLM's TP workers are processes of their own; pushes reach them through shared memory
-(``hetrl.rollout.worker_extension``, ``hetrl.transport.weights.shared_memory``). On this CPU each worker computes on one core.
+(``hetrl.rollout.worker_extension``, ``hetrl.transport.weights.shared_memory``). On this CPU each worker computes on one
+core.
 """
 
 from __future__ import annotations
@@ -11,9 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from hetrl.transport.weights import shared_memory
-from hetrl.transport.weights import StagedWeights, WeightSyncError, bucketize
-from tests.rollout.helpers import BUCKET_BYTES, NEW_TOKENS, PROMPTS, engine_greedy, greedy_engine, greedy_requests, hf_greedy, push_over_gloo, state_of
+from hetrl.transport.weights import StagedWeights, WeightSyncError, bucketize, shared_memory
+from tests.rollout.helpers import (
+    BUCKET_BYTES,
+    NEW_TOKENS,
+    PROMPTS,
+    engine_greedy,
+    greedy_engine,
+    greedy_requests,
+    hf_greedy,
+    push_over_gloo,
+    state_of,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # two worker processes start in ~30-40 s
 
@@ -26,12 +36,16 @@ def engine(checkpoints):
 
 
 def test_tp2_engine_serves_and_takes_a_push_mid_generation(engine, hf):
-    assert all(engine_greedy(engine, "a")[i] == (hf_greedy(hf["a"], p), [0] * NEW_TOKENS) for i, p in enumerate(PROMPTS))
+    assert all(
+        engine_greedy(engine, "a")[i] == (hf_greedy(hf["a"], p), [0] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
+    )
     for request in greedy_requests("mid"):
         engine.submit(request)
     for _ in range(5):
         assert engine.poll() == []
-    staged, errors = push_over_gloo(bucketize(state_of(hf["b"]).items(), BUCKET_BYTES), version=1, verify=True, shared_memory=True)
+    staged, errors = push_over_gloo(
+        bucketize(state_of(hf["b"]).items(), BUCKET_BYTES), version=1, verify=True, shared_memory=True
+    )
     assert not errors and staged.shared_dir.is_dir()  # staged where the TP workers map it
     engine.load_weights(staged)
     results = {int(r.request_id.removeprefix("mid")): r for r in engine.iter_results()}
@@ -42,8 +56,12 @@ def test_tp2_engine_serves_and_takes_a_push_mid_generation(engine, hf):
         prefix = result.response_ids[:switch]
         assert prefix == hf_greedy(hf["a"], prompt, switch)
         assert result.response_ids[switch:] == hf_greedy(hf["b"], prompt + prefix, NEW_TOKENS - switch)
-    assert all(engine_greedy(engine, "b")[i] == (hf_greedy(hf["b"], p), [1] * NEW_TOKENS) for i, p in enumerate(PROMPTS))
-    assert not staged.shared_dir.exists() and not list(shared_memory.shared_memory_dir().glob(f"hetrl-push-{os.getpid()}-*"))
+    assert all(
+        engine_greedy(engine, "b")[i] == (hf_greedy(hf["b"], p), [1] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
+    )
+    assert not staged.shared_dir.exists() and not list(
+        shared_memory.shared_memory_dir().glob(f"hetrl-push-{os.getpid()}-*")
+    )
 
 
 def test_a_push_the_workers_cannot_read_stops_serving_until_a_good_one(engine, hf, monkeypatch):
@@ -65,4 +83,6 @@ def test_a_push_the_workers_cannot_read_stops_serving_until_a_good_one(engine, h
         engine.submit(greedy_requests("refused")[0])
     monkeypatch.setattr(shared_memory, "write_push", real_write)
     engine.load_weights(StagedWeights(version=3, tensors=state_of(hf["a"])))
-    assert all(engine_greedy(engine, "a3")[i] == (hf_greedy(hf["a"], p), [3] * NEW_TOKENS) for i, p in enumerate(PROMPTS))
+    assert all(
+        engine_greedy(engine, "a3")[i] == (hf_greedy(hf["a"], p), [3] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
+    )

@@ -23,15 +23,18 @@ import torch
 from hetrl.config.model import ModelConfig, VisionConfig
 from hetrl.config.rollout import RolloutConfig
 from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID as IMAGE
-from hetrl.transport.weights.base import StagedWeights
 from hetrl.records import GenerationRequest, SamplingParams
+from hetrl.transport.weights.base import StagedWeights
 from tests.rollout.conftest import TINY
 from tests.rollout.helpers import Messages
 
 pytestmark = pytest.mark.vllm
 
 TOKENS_PER_IMAGE = 16  # 64 px images, 16 px patches
-HF_TOWER, SERVED_TOWER = "model.vision_tower.", "model.vision_tower.vision_model."  # transformers' in-memory vs saved names
+HF_TOWER, SERVED_TOWER = (
+    "model.vision_tower.",
+    "model.vision_tower.vision_model.",
+)  # transformers' in-memory vs saved names
 
 
 def tiny_llava_config() -> ModelConfig:
@@ -56,7 +59,10 @@ def llava(tmp_path_factory) -> dict[str, Path]:
     from hetrl.models.hf import build_random_hf_checkpoint
 
     root = tmp_path_factory.mktemp("llava_models")
-    return {name: build_random_hf_checkpoint(tiny_llava_config(), root / name, seed=seed, init_std=0.1) for name, seed in (("a", 1), ("b", 2))}
+    return {
+        name: build_random_hf_checkpoint(tiny_llava_config(), root / name, seed=seed, init_std=0.1)
+        for name, seed in (("a", 1), ("b", 2))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +92,7 @@ class Reference:
         self.model = transformers.LlavaForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
         self.processor = transformers.AutoProcessor.from_pretrained(checkpoint)
 
-    def load(self, served_tensors: dict[str, torch.Tensor]) -> "Reference":
+    def load(self, served_tensors: dict[str, torch.Tensor]) -> Reference:
         """Load tensors named as a push names them (a subset is fine: the rest stays)."""
         renamed = {name.replace(SERVED_TOWER, HF_TOWER): tensor for name, tensor in served_tensors.items()}
         missing_here = set(renamed) - set(self.model.state_dict())
@@ -101,7 +107,9 @@ class Reference:
         if images:
             from hetrl.models.images import to_pil
 
-            kwargs["pixel_values"] = self.processor.image_processor([to_pil(i) for i in images], return_tensors="pt")["pixel_values"]
+            kwargs["pixel_values"] = self.processor.image_processor([to_pil(i) for i in images], return_tensors="pt")[
+                "pixel_values"
+            ]
         with torch.no_grad():
             return self.model(input_ids=torch.tensor([expanded]), **kwargs).logits[0].float()
 
@@ -114,7 +122,9 @@ class Reference:
 
 
 def push(engine, tensors: dict[str, torch.Tensor], resume: bool | None = None) -> None:
-    engine.load_weights(StagedWeights(engine.version + 1, {name: t.clone() for name, t in tensors.items()}), resume=resume)
+    engine.load_weights(
+        StagedWeights(engine.version + 1, {name: t.clone() for name, t in tensors.items()}), resume=resume
+    )
 
 
 def diffs_of(results, images_of: dict[str, list], reference: Reference) -> list[float]:
@@ -142,13 +152,20 @@ def test_sampled_logprobs_match_hf_llava_on_the_same_images(engine, llava, serve
         GenerationRequest("text", [5, 17, 33, 9], sampling),
     ]
     results = engine.generate(requests)
-    assert sorted((r.request_id, r.sample_index) for r in results) == sorted((q.request_id, i) for q in requests for i in range(2))
+    assert sorted((r.request_id, r.sample_index) for r in results) == sorted(
+        (q.request_id, i) for q in requests for i in range(2)
+    )
     reference = Reference(llava["a"])
     diffs = diffs_of(results, images_of, reference)
-    print(f"tiny LLaVA, engine vs HF sampled log-probs over {len(diffs)} tokens: max abs diff {max(diffs):.2e}, mean {np.mean(diffs):.2e}")
+    print(
+        f"tiny LLaVA, engine vs HF sampled log-probs over {len(diffs)} tokens: max abs diff {max(diffs):.2e}, mean "
+        f"{np.mean(diffs):.2e}"
+    )
     assert max(diffs) < 1e-5
     for result in results:
-        assert result.prompt_ids == next(q.prompt_ids for q in requests if q.request_id == result.request_id)  # one placeholder per image
+        assert result.prompt_ids == next(
+            q.prompt_ids for q in requests if q.request_id == result.request_id
+        )  # one placeholder per image
     # Another image moves the log-probs of the same tokens.
     one = next(r for r in results if r.request_id == "one")
     moved = np.abs(np.array(one.logprobs) - reference.logprobs(one.prompt_ids, one.response_ids, images_of["other"]))
@@ -162,29 +179,43 @@ def test_placeholder_and_image_counts_must_agree(engine):
         "more-images": ([5, IMAGE, 6], [image(1), image(2)]),
         "fewer-images": ([5, IMAGE, 6, IMAGE], [image(1)]),
         "no-images": ([5, IMAGE, 6], []),
-        "expanded": ([5, *[IMAGE] * TOKENS_PER_IMAGE, 6], [image(1)]),  # ids as the model sees them, not as prompts carry them
+        "expanded": (
+            [5, *[IMAGE] * TOKENS_PER_IMAGE, 6],
+            [image(1)],
+        ),  # ids as the model sees them, not as prompts carry them
         "unreadable": ([5, IMAGE, 6], [b"not an image"]),
     }
     before = engine.num_rejected
-    results = engine.generate([GenerationRequest(name, ids, sampling, images=images) for name, (ids, images) in cases.items()])
+    results = engine.generate(
+        [GenerationRequest(name, ids, sampling, images=images) for name, (ids, images) in cases.items()]
+    )
     assert engine.num_rejected == before + len(cases)
-    assert len(results) == 2 * len(cases) and all(r.finish_reason == "rejected" and r.response_ids == [] for r in results)
+    assert len(results) == 2 * len(cases) and all(
+        r.finish_reason == "rejected" and r.response_ids == [] for r in results
+    )
     errors = {r.request_id: r.error for r in results}
     assert "prompt holds 1 image placeholder(s) (id 101) but 2 image(s)" in errors["more-images"]
     assert "prompt holds 2 image placeholder(s) (id 101) but 1 image(s)" in errors["fewer-images"]
     assert "but 0 image(s)" in errors["no-images"]
-    assert "holds 16 image placeholder(s)" in errors["expanded"] and "one placeholder per image (not expanded)" in errors["expanded"]
+    assert (
+        "holds 16 image placeholder(s)" in errors["expanded"]
+        and "one placeholder per image (not expanded)" in errors["expanded"]
+    )
     assert "an image could not be read" in errors["unreadable"]
 
 
 def test_a_prompt_is_measured_with_its_images_expanded(engine):
-    """256 positions: 15 images take 240, so 15 placeholders and 10 ids leave 6 response tokens; 16 images do not fit."""
+    """256 positions: 15 images take 240, so 15 placeholders and 10 ids leave 6 response tokens; 16 images do not
+    fit."""
     sampling = SamplingParams(max_tokens=50, ignore_eos=True)
     fits = GenerationRequest("fits", [IMAGE] * 15 + list(range(5, 15)), sampling, images=[image(i) for i in range(15)])
     too_long = GenerationRequest("too-long", [IMAGE] * 16 + [5], sampling, images=[image(i) for i in range(16)])
     results = {r.request_id: r for r in engine.generate([fits, too_long])}
     assert results["fits"].finish_reason == "length" and len(results["fits"].response_ids) == 6
-    assert results["too-long"].finish_reason == "rejected" and "prompt has 257 tokens (17 ids, 16 image(s) of 16)" in results["too-long"].error
+    assert (
+        results["too-long"].finish_reason == "rejected"
+        and "prompt has 257 tokens (17 ids, 16 image(s) of 16)" in results["too-long"].error
+    )
 
 
 def test_pushes_reach_the_vision_tower_and_projector_and_may_leave_the_tower_out(engine, llava, served):
@@ -204,7 +235,10 @@ def test_pushes_reach_the_vision_tower_and_projector_and_may_leave_the_tower_out
     push(engine, served["a"])
     before = check("a")
     a, b = served["a"], served["b"]
-    vision_only = {**a, **{n: t for n, t in b.items() if n.startswith(("model.vision_tower.", "model.multi_modal_projector."))}}
+    vision_only = {
+        **a,
+        **{n: t for n, t in b.items() if n.startswith(("model.vision_tower.", "model.multi_modal_projector."))},
+    }
     push(engine, vision_only)
     reference.load(vision_only)
     after = check("a's language model, b's vision tower and projector")
@@ -218,7 +252,9 @@ def test_pushes_reach_the_vision_tower_and_projector_and_may_leave_the_tower_out
         push(engine, frozen_tower)  # as the trainer pushes with model.vision.freeze: the tower stays as it is
     finally:
         reload_logger.removeHandler(notices)
-    assert not any("Failed to load weights" in message for message in notices.seen), notices.seen  # expected, so not warned
+    assert not any("Failed to load weights" in message for message in notices.seen), (
+        notices.seen
+    )  # expected, so not warned
     reference.load(frozen_tower)
     check("b without its vision tower (frozen)")
     push(engine, b)
@@ -258,7 +294,9 @@ def test_interrupted_samples_resume_with_their_images(engine, llava, served):
         switch = result.versions.index(engine.version)
         assert 0 < switch < 16 and result.versions == [first] * switch + [engine.version] * (16 - switch)
         for version, span in ((first, slice(0, switch)), (engine.version, slice(switch, 16))):
-            expected = references[version].logprobs(result.prompt_ids, result.response_ids, images_of[result.request_id])
+            expected = references[version].logprobs(
+                result.prompt_ids, result.response_ids, images_of[result.request_id]
+            )
             diffs += [abs(a - b) for a, b in zip(result.logprobs[span], expected[span], strict=True)]
     print(f"resumed samples: max abs diff vs HF of the version that sampled each token {max(diffs):.2e}")
     assert max(diffs) < 1e-5
@@ -290,12 +328,24 @@ def test_the_image_token_is_never_sampled_and_log_probs_stay_raw(engine, llava, 
     reference = Reference(llava["a"]).load(favoured)
     images_of = {"sampled": [image(30)], "greedy": [image(31)]}
     requests = [
-        GenerationRequest("sampled", [6, IMAGE, 7], SamplingParams(n=4, max_tokens=16, seed=2, ignore_eos=True), images=images_of["sampled"]),
-        GenerationRequest("greedy", [6, IMAGE, 8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), images=images_of["greedy"]),
+        GenerationRequest(
+            "sampled",
+            [6, IMAGE, 7],
+            SamplingParams(n=4, max_tokens=16, seed=2, ignore_eos=True),
+            images=images_of["sampled"],
+        ),
+        GenerationRequest(
+            "greedy",
+            [6, IMAGE, 8],
+            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+            images=images_of["greedy"],
+        ),
     ]
     results = engine.generate(requests)
     for result in results:
-        probs = torch.softmax(reference.logits(result.prompt_ids + result.response_ids, images_of[result.request_id]), -1)
+        probs = torch.softmax(
+            reference.logits(result.prompt_ids + result.response_ids, images_of[result.request_id]), -1
+        )
         # The policy wants the placeholder at every response position...
         assert (probs[-len(result.response_ids) - 1 : -1, IMAGE] > 0.9).all()
         # ...and never gets it.
@@ -325,7 +375,9 @@ def test_rollout_role_generate_sends_an_episodes_images_and_the_sample_keeps_the
     env = MultimodalEnv(system_prompt="Count.")
 
     async def episode():
-        job = asyncio.ensure_future(run_episode(env, task, 0, generate, codec, SamplingParams(max_tokens=8, seed=1), 1, 250, "s0", "g0"))
+        job = asyncio.ensure_future(
+            run_episode(env, task, 0, generate, codec, SamplingParams(max_tokens=8, seed=1), 1, 250, "s0", "g0")
+        )
         while not job.done():
             for result in engine.poll():
                 role._waiting.pop(result.request_id).set_result(result)
@@ -364,7 +416,9 @@ def test_a_context_that_cannot_hold_an_image_is_refused_at_start(llava):
     from hetrl.rollout.engine import GenerationEngine
 
     with pytest.raises(ValueError, match=r"context \(16 tokens.*cannot hold one image \(16 positions\)"):
-        GenerationEngine(llava["a"], RolloutConfig(max_model_len=16, kv_cache_memory_mb=16, max_num_seqs=4), dtype="float32", seed=0)
+        GenerationEngine(
+            llava["a"], RolloutConfig(max_model_len=16, kv_cache_memory_mb=16, max_num_seqs=4), dtype="float32", seed=0
+        )
 
 
 @pytest.mark.slow

@@ -25,14 +25,20 @@ MOE = dict(arch="qwen3_moe", num_experts=4, moe_router_topk=2, moe_ffn_hidden_si
 def moe_checkpoint(tmp_path_factory):
     from hetrl.models.hf import build_random_hf_checkpoint
 
-    return build_random_hf_checkpoint(tiny_model_config(**MOE), tmp_path_factory.mktemp("moe") / "m", seed=3, init_std=0.1)
+    return build_random_hf_checkpoint(
+        tiny_model_config(**MOE), tmp_path_factory.mktemp("moe") / "m", seed=3, init_std=0.1
+    )
 
 
 @pytest.fixture(scope="module")
 def engine(moe_checkpoint):
     from hetrl.rollout.engine import GenerationEngine
 
-    eng = GenerationEngine(moe_checkpoint, RolloutConfig(return_routing=True, kv_cache_memory_mb=64, max_num_batched_tokens=4096), dtype="float32")
+    eng = GenerationEngine(
+        moe_checkpoint,
+        RolloutConfig(return_routing=True, kv_cache_memory_mb=64, max_num_batched_tokens=4096),
+        dtype="float32",
+    )
     yield eng
     eng.shutdown()
 
@@ -40,8 +46,10 @@ def engine(moe_checkpoint):
 def _hf_routing(model, ids: list[int]) -> np.ndarray:
     """HF's top-k experts ``[len(ids), layers, k]`` (sorted per row) for the sequence."""
     found: dict[int, torch.Tensor] = {}
-    hooks = [layer.mlp.gate.register_forward_hook(lambda m, inp, out, i=i: found.__setitem__(i, out[2]))
-             for i, layer in enumerate(model.model.layers)]
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda m, inp, out, i=i: found.__setitem__(i, out[2]))
+        for i, layer in enumerate(model.model.layers)
+    ]
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
@@ -53,7 +61,9 @@ def _hf_routing(model, ids: list[int]) -> np.ndarray:
 
 def _requests(tag: str) -> list[GenerationRequest]:
     prompts = [[5, 17, 33, 9], [70, 12, 8, 8, 91], [44, 3, 29, 77, 15, 16]]
-    return [GenerationRequest(f"{tag}{i}", p, SamplingParams(n=2, max_tokens=10, seed=i)) for i, p in enumerate(prompts)]
+    return [
+        GenerationRequest(f"{tag}{i}", p, SamplingParams(n=2, max_tokens=10, seed=i)) for i, p in enumerate(prompts)
+    ]
 
 
 def _assert_matches_hf(results, model) -> None:
@@ -95,7 +105,8 @@ def test_aborted_rows_do_not_leak(engine, moe_checkpoint):
 
 
 def test_a_push_reaches_the_experts(engine, moe_checkpoint, tmp_path):
-    """Push other weights of the same shape, then the served weights again: the engine must compute HF's log-probs each time."""
+    """Push other weights of the same shape, then the served weights again: the engine must compute HF's log-probs each
+    time."""
     from safetensors.torch import load_file
 
     from hetrl.models.hf import build_random_hf_checkpoint

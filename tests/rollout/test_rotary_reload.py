@@ -20,7 +20,9 @@ NOTICE = "RotaryEmbedding: Failed to load weights"
 
 
 def _rotary_caches(worker) -> dict[str, torch.Tensor]:
-    return {name: buf.clone() for name, buf in worker.model_runner.model.named_buffers() if name.endswith("cos_sin_cache")}
+    return {
+        name: buf.clone() for name, buf in worker.model_runner.model.named_buffers() if name.endswith("cos_sin_cache")
+    }
 
 
 def _push(engine, model, version: int) -> None:
@@ -41,7 +43,9 @@ def test_push_keeps_the_rotary_cache_and_its_warning_is_filtered(checkpoints, hf
         assert before and before.keys() == after.keys()
         assert all(torch.equal(before[name], after[name]) for name in before)
         assert NOTICE not in messages.seen
-        monkeypatch.setattr(reload_logger, "filters", [])  # vLLM still says it, word for word: the filter is what drops it
+        monkeypatch.setattr(
+            reload_logger, "filters", []
+        )  # vLLM still says it, word for word: the filter is what drops it
         _push(engine, hf["a"], version=2)
         assert NOTICE in messages.seen
     finally:

@@ -224,7 +224,9 @@ def test_a_push_refused_for_its_content_is_read_to_its_end_and_the_next_one_arri
 
     thread = threading.Thread(target=two_pushes)
     thread.start()
-    receiver = build_weight_receiver("collective", group=init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=30))
+    receiver = build_weight_receiver(
+        "collective", group=init_weight_sync_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=30)
+    )
     with pytest.raises(WeightSyncError, match="sent twice") as refused:
         receiver.receive()
     assert not isinstance(refused.value, WeightStreamBroken)
@@ -247,7 +249,9 @@ def test_shared_memory_pushes_are_named_by_owner_and_swept_when_it_is_gone(tmp_p
     mine = shared_memory.write_push(state, version=3)
     assert mine.name.startswith(f"hetrl-push-{os.getpid()}-v3-")
     assert all(torch.equal(t, state[n]) and t.dtype == state[n].dtype for n, t in shared_memory.read_push(mine))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     orphan = tmp_path / f"hetrl-push-{dead.stdout.strip()}-v2-x"
     orphan.mkdir()
     (orphan / "bucket_00000.bin").write_bytes(b"left by a killed engine")

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from hetrl.transport.weights import WeightSyncError, bucketize, build_weight_receiver, build_weight_sender
-from tests.rollout.helpers import BUCKET_BYTES, NEW_TOKENS, PROMPTS, engine_greedy, greedy_engine, greedy_requests, hf_greedy, push_over_gloo, state_of
+from tests.rollout.helpers import (
+    BUCKET_BYTES,
+    NEW_TOKENS,
+    PROMPTS,
+    engine_greedy,
+    greedy_engine,
+    greedy_requests,
+    hf_greedy,
+    push_over_gloo,
+    state_of,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -67,15 +77,22 @@ def test_incomplete_or_stale_push_is_refused_before_touching_weights(engine, hf,
     sender.send(bucketize(partial.items(), BUCKET_BYTES), version=2)
     with pytest.raises(WeightSyncError, match="1 missing"):
         engine.load_weights(receiver.receive())
-    sender.send(bucketize({**partial, "model.layers.1.mlp.down_proj.weight": dropped.T.contiguous()}.items(), BUCKET_BYTES), version=3)
+    sender.send(
+        bucketize({**partial, "model.layers.1.mlp.down_proj.weight": dropped.T.contiguous()}.items(), BUCKET_BYTES),
+        version=3,
+    )
     with pytest.raises(WeightSyncError, match="wrong shapes"):
         engine.load_weights(receiver.receive())
     outputs = engine_greedy(engine, "still-b")
-    assert engine.version == 1 and all(outputs[i] == (hf_greedy(hf["b"], p), [1] * NEW_TOKENS) for i, p in enumerate(PROMPTS))
+    assert engine.version == 1 and all(
+        outputs[i] == (hf_greedy(hf["b"], p), [1] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
+    )
     # A complete push through the filesystem fallback then takes the engine back to model a.
     sender.send(bucketize(state_of(hf["a"]).items(), BUCKET_BYTES), version=4)
     engine.load_weights(receiver.receive())
     with pytest.raises(WeightSyncError, match="not newer"):
         engine.load_weights(receiver.receive())
     outputs = engine_greedy(engine, "back-to-a")
-    assert engine.version == 4 and all(outputs[i] == (hf_greedy(hf["a"], p), [4] * NEW_TOKENS) for i, p in enumerate(PROMPTS))
+    assert engine.version == 4 and all(
+        outputs[i] == (hf_greedy(hf["a"], p), [4] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
+    )

@@ -11,7 +11,6 @@ import pytest
 from hetrl.config.reward import SandboxConfig, SandboxLimits
 from hetrl.sandbox import Sandbox, SandboxPool
 
-
 BASE_UID = SandboxConfig().uid_base
 LIMITS = SandboxLimits(wall_s=4.0, cpu_s=2, memory_mb=256, max_processes=16, max_output_bytes=64 * 1024, tmpfs_mb=16)
 
@@ -61,11 +60,16 @@ def test_memory_bomb(pool):
 
 def test_infinite_loop_hits_cpu_limit(pool):
     r = pool.run("while True: pass", limits=LIMITS.model_copy(update={"cpu_s": 1, "wall_s": 10.0}))
-    assert not r.success and not r.timeout and r.reason.startswith("cpu limit"), r  # the CPU limit, not the deadline, stopped it
+    assert not r.success and not r.timeout and r.reason.startswith("cpu limit"), (
+        r
+    )  # the CPU limit, not the deadline, stopped it
 
 
 def test_signal_ignoring_sleep_killed_at_deadline(pool):
-    code = "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU): signal.signal(s, signal.SIG_IGN)\ntime.sleep(100)"
+    code = (
+        "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU): "
+        "signal.signal(s, signal.SIG_IGN)\ntime.sleep(100)"
+    )
     r = pool.run(code, limits=LIMITS.model_copy(update={"wall_s": 1.0}))
     assert r.timeout and not r.success and "deadline" in r.reason
     assert r.wall_s < 2.0
@@ -128,7 +132,10 @@ def test_killing_the_parent_and_everyone(needs_isolation):
     sentinel = subprocess.Popen(["sleep", "30"], user=BASE_UID + 5, group=BASE_UID + 5)
     try:
         sandbox = Sandbox(SandboxConfig(limits=LIMITS), slot=5)
-        code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\nprint('survived')"
+        code = (
+            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\nos.kill(1, "
+            "signal.SIGKILL)\nprint('survived')"
+        )
         r = sandbox.run(code)
         assert not r.success and r.reason, r
         assert sentinel.poll() is None, "a sandboxed program killed a host process of its own uid"
@@ -145,7 +152,10 @@ def test_huge_output_truncated(pool):
 
 
 def test_child_outliving_its_parent_is_killed(pool, tmp_path, needs_isolation):
-    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\nprint('parent done')"
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        "
+        "time.sleep(60)\n    os._exit(0)\nprint('parent done')"
+    )
     start = time.monotonic()
     r = pool.run(code)
     assert r.success and r.stdout == "parent done\n"
@@ -166,13 +176,20 @@ def test_stdin_and_sys_exit_code(pool):
 def test_seccomp_denies_ptrace_and_namespaces(pool, needs_isolation):
     if not needs_isolation.seccomp:
         pytest.skip("seccomp unavailable here")
-    code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.ptrace(0, 0, 0, 0), ctypes.get_errno())\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.ptrace(0, 0, 0, 0), "
+        "ctypes.get_errno())\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    )
     r = pool.run(code)
     assert r.stdout.split() == ["-1", "1", "-1", "1"], r
 
 
 def test_readonly_files_cannot_be_modified(pool, needs_isolation):
-    code = "import os\ntry:\n    open('tests.json', 'w').write('{}')\nexcept OSError as e: print('DENIED', e.errno)\ntry:\n    os.unlink('tests.json')\nexcept OSError as e: print('DENIED', e.errno)\nprint(open('tests.json').read())"
+    code = (
+        "import os\ntry:\n    open('tests.json', 'w').write('{}')\nexcept OSError as e: print('DENIED', "
+        "e.errno)\ntry:\n    os.unlink('tests.json')\nexcept OSError as e: print('DENIED', "
+        "e.errno)\nprint(open('tests.json').read())"
+    )
     r = pool.run(code, ro_files={"tests.json": "[1, 2]"})
     assert r.stdout.count("DENIED") == 2 and r.stdout.endswith("[1, 2]\n"), r.stdout
 

@@ -38,15 +38,23 @@ def _worker(rank: int, world_size: int, port: int, stacks_path: str, jobs: Any, 
 
     # On a timeout the parent asks for every thread's stack before it kills the world (SIGUSR1).
     faulthandler.register(signal.SIGUSR1, file=open(stacks_path, "w"), all_threads=True)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )
     import warnings
 
     import torch
     import torch.distributed as dist
 
     # megatron warns at import about every optional accelerator package; it drowns test output.
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|cuda_graph_scope|distributed_optimizer is ignored).*")
+    warnings.filterwarnings(
+        "ignore", message=".*(Transformer Engine|Apex|cuda_graph_scope|distributed_optimizer is ignored).*"
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     while True:
@@ -79,9 +87,14 @@ class RankPool:
         self._results = ctx.Queue()
         port = _free_port()
         self._stacks_dir = tempfile.mkdtemp(prefix="rank_pool_stacks_")
-        self._procs = [ctx.Process(target=_worker, daemon=True,
-                                   args=(r, world_size, port, self._stack_file(r), self._jobs[r], self._results))
-                       for r in range(world_size)]
+        self._procs = [
+            ctx.Process(
+                target=_worker,
+                daemon=True,
+                args=(r, world_size, port, self._stack_file(r), self._jobs[r], self._results),
+            )
+            for r in range(world_size)
+        ]
         for proc in self._procs:
             proc.start()
 
@@ -96,8 +109,9 @@ class RankPool:
                 rank, ok, value = self._results.get(timeout=timeout_s)
             except queue.Empty:
                 # A rank that failed leaves its peers blocked in a collective: start a fresh world.
-                errors.append(f"timed out after {timeout_s:.0f} s waiting for the other ranks; their stacks:\n"
-                              + self._stacks())
+                errors.append(
+                    f"timed out after {timeout_s:.0f} s waiting for the other ranks; their stacks:\n" + self._stacks()
+                )
                 self._kill()
                 self._start()
                 break
@@ -121,7 +135,9 @@ class RankPool:
         dumps = []
         for rank, proc in enumerate(self._procs):
             with open(self._stack_file(rank)) as stacks:
-                dumps.append(f"--- rank {rank} ({'alive' if proc.is_alive() else f'exit {proc.exitcode}'}) ---\n{stacks.read()}")
+                dumps.append(
+                    f"--- rank {rank} ({'alive' if proc.is_alive() else f'exit {proc.exitcode}'}) ---\n{stacks.read()}"
+                )
         return "\n".join(dumps)
 
     def _kill(self) -> None:

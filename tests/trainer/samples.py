@@ -7,17 +7,25 @@ import random
 from hetrl.records import Sample
 
 
-def make_samples(n: int, vocab: int = 128, seed: int = 0, max_prompt: int = 9, max_completion: int = 11) -> list[Sample]:
+def make_samples(
+    n: int, vocab: int = 128, seed: int = 0, max_prompt: int = 9, max_completion: int = 11
+) -> list[Sample]:
     """``n`` samples in groups of 2, with an observation span (loss_mask 0) in some completions."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         p, c = rng.randint(1, max_prompt), rng.randint(0 if i == 3 else 1, max_completion)
         mask = [0 if (i % 3 == 1 and 2 <= j < 4) else 1 for j in range(c)]
-        out.append(Sample(
-            sample_id=f"s{i}", group_id=f"g{i // 2}", task_name="t",
-            prompt_ids=[rng.randrange(1, vocab) for _ in range(p)],
-            completion_ids=[rng.randrange(1, vocab) for _ in range(c)],
-            loss_mask=mask, logprobs=[-rng.random() * 3 * m for m in mask], versions=[0] * c,
-        ))
+        out.append(
+            Sample(
+                sample_id=f"s{i}",
+                group_id=f"g{i // 2}",
+                task_name="t",
+                prompt_ids=[rng.randrange(1, vocab) for _ in range(p)],
+                completion_ids=[rng.randrange(1, vocab) for _ in range(c)],
+                loss_mask=mask,
+                logprobs=[-rng.random() * 3 * m for m in mask],
+                versions=[0] * c,
+            )
+        )
     return out

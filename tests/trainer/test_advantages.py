@@ -43,7 +43,9 @@ def test_rloo_leave_one_out():
     expected = [1.0, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
     torch.testing.assert_close(adv.rloo(REWARDS, GROUPS), torch.tensor(expected))
     # group of 4: 3 - (1+1+1)/3 = 2; 1 - (3+1+1)/3 = -2/3
-    torch.testing.assert_close(adv.rloo(torch.tensor([3.0, 1.0, 1.0, 1.0]), [0] * 4), torch.tensor([2.0, -2 / 3, -2 / 3, -2 / 3]))
+    torch.testing.assert_close(
+        adv.rloo(torch.tensor([3.0, 1.0, 1.0, 1.0]), [0] * 4), torch.tensor([2.0, -2 / 3, -2 / 3, -2 / 3])
+    )
 
 
 def test_group_errors():
@@ -57,7 +59,9 @@ def test_masked_whiten_by_hand():
     x = torch.tensor([[1.0, 2.0, 100.0], [3.0, -50.0, -50.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     # valid values 1, 2, 3: mean 2, unbiased std 1
-    torch.testing.assert_close(adv.masked_whiten(x, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        adv.masked_whiten(x, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-5, rtol=0
+    )
     one_token = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert adv.masked_whiten(x, one_token).abs().sum().item() == 0.0
     assert adv.masked_whiten(torch.full((2, 3), 0.3), torch.ones(2, 3)).abs().sum().item() == 0.0
@@ -98,7 +102,9 @@ def test_token_rewards_place_score_last_and_subtract_kl():
     kl = torch.tensor([[0.1, 0.2, 9.0], [9.0, 9.0, 9.0], [0.3, 9.0, 0.4]])
     expected = torch.tensor([[-0.05, 0.9, 0.0], [2.0, 0.0, 0.0], [-0.15, 0.0, 2.8]])
     torch.testing.assert_close(adv.token_rewards(scores, mask, kl, kl_coef=0.5), expected)
-    torch.testing.assert_close(adv.token_rewards(scores, mask), torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]]))
+    torch.testing.assert_close(
+        adv.token_rewards(scores, mask), torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    )
     with pytest.raises(ValueError, match="scores"):
         adv.token_rewards(scores[:2], mask)
 

@@ -152,7 +152,10 @@ def test_icepop_rejected_tokens_get_no_gradient():
     [
         ({"is_correction": "icepop", "is_level": "sequence"}, "icepop masks single tokens.*is_level='sequence'"),
         ({"is_correction": "icepop", "is_level": "geometric"}, "is_correction=masked with is_threshold_low"),
-        ({"is_correction": "truncated", "is_threshold_low": 0.5}, "is_threshold_low set, but .*'truncated' has no lower"),
+        (
+            {"is_correction": "truncated", "is_threshold_low": 0.5},
+            "is_threshold_low set, but .*'truncated' has no lower",
+        ),
         ({"is_correction": "masked", "is_threshold_low": 1.0}, "less than 1"),
         ({"is_correction": "masked", "is_threshold_low": 0.0}, "greater than 0"),
     ],
@@ -165,7 +168,9 @@ def test_is_config_refusals(kw, match):
 def test_is_threshold_low_defaults():
     assert AlgorithmConfig(is_correction="masked").resolved_is_threshold_low is None
     assert AlgorithmConfig(is_correction="masked", is_threshold_low=0.3).resolved_is_threshold_low == 0.3
-    assert AlgorithmConfig(is_correction="icepop", is_threshold_low=0.2, is_threshold=5.0).resolved_is_threshold_low == 0.2
+    assert (
+        AlgorithmConfig(is_correction="icepop", is_threshold_low=0.2, is_threshold=5.0).resolved_is_threshold_low == 0.2
+    )
     assert AlgorithmConfig(is_correction="masked", is_level="geometric").is_level == "geometric"
 
 
@@ -200,8 +205,18 @@ def test_metric_keys_are_stable():
     inputs, _ = _on_policy(rollout_logprobs=LOGP, ref_logprobs=LOGP, entropy=torch.ones(3, 3))
     _, m = compute_loss(_algo("grpo", is_correction="truncated", kl_coef=0.1, entropy_coef=0.1), inputs)
     assert set(m) == {
-        "loss/total", "loss/policy", "loss/kl", "loss/entropy", "clip_frac/low", "clip_frac/high", "policy_kl",
-        "approx_kl", "entropy", "is/weight_mean", "is/masked_frac", "is/truncated_frac",
+        "loss/total",
+        "loss/policy",
+        "loss/kl",
+        "loss/entropy",
+        "clip_frac/low",
+        "clip_frac/high",
+        "policy_kl",
+        "approx_kl",
+        "entropy",
+        "is/weight_mean",
+        "is/masked_frac",
+        "is/truncated_frac",
     }
     assert all(not v.requires_grad and v.dim() == 0 for v in m.values())
 
@@ -214,21 +229,31 @@ def _random_batch(gen: torch.Generator) -> dict[str, torch.Tensor]:
     rand = lambda scale=1.0: torch.randn(shape, generator=gen) * scale  # noqa: E731
     logp = -rand().abs()
     return {
-        "logprobs": logp, "old_logprobs": logp + rand(0.3), "rollout_logprobs": logp + rand(0.5),
-        "ref_logprobs": logp + rand(0.2), "entropy": rand().abs(), "advantages": rand(),
+        "logprobs": logp,
+        "old_logprobs": logp + rand(0.3),
+        "rollout_logprobs": logp + rand(0.5),
+        "ref_logprobs": logp + rand(0.2),
+        "entropy": rand().abs(),
+        "advantages": rand(),
         "mask": mask,
     }
 
 
-@pytest.mark.parametrize("is_kw", [
-    {"is_correction": "truncated", "is_level": "sequence"},
-    {"is_correction": "icepop"},
-    {"is_correction": "masked", "is_level": "geometric", "is_threshold_low": 0.8},
-], ids=["truncated-sequence", "icepop", "masked-geometric"])
+@pytest.mark.parametrize(
+    "is_kw",
+    [
+        {"is_correction": "truncated", "is_level": "sequence"},
+        {"is_correction": "icepop"},
+        {"is_correction": "masked", "is_level": "geometric", "is_threshold_low": 0.8},
+    ],
+    ids=["truncated-sequence", "icepop", "masked-geometric"],
+)
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("name", typing.get_args(AlgorithmName))
 def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggregation, is_kw):
-    algo = AlgorithmConfig(name=name, loss_aggregation=aggregation, kl_coef=0.05, entropy_coef=0.01, dual_clip=3.0, **is_kw)
+    algo = AlgorithmConfig(
+        name=name, loss_aggregation=aggregation, kl_coef=0.05, entropy_coef=0.01, dual_clip=3.0, **is_kw
+    )
     batch = _random_batch(torch.Generator().manual_seed(1))
     gen = torch.Generator().manual_seed(3)
     value_fields = {key: torch.randn(6, 7, generator=gen) for key in ("values", "old_values", "returns")}
@@ -239,9 +264,15 @@ def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggreg
         fields = {k: v[rows, :width] for k, v in batch.items()} | {"logprobs": logp[rows, :width]}
         loss, metrics = compute_loss(algo, LossInputs(**fields), max_len=9, **norm)
         if name == "ppo":  # the critic's loss, aggregated the same way
-            value_loss, value_metrics = compute_value_loss(algo, values[rows, :width], value_fields["old_values"][rows, :width],
-                                                           value_fields["returns"][rows, :width], batch["mask"][rows, :width],
-                                                           max_len=9, **norm)
+            value_loss, value_metrics = compute_value_loss(
+                algo,
+                values[rows, :width],
+                value_fields["old_values"][rows, :width],
+                value_fields["returns"][rows, :width],
+                batch["mask"][rows, :width],
+                max_len=9,
+                **norm,
+            )
             loss, metrics = loss + value_loss, metrics | value_metrics
         return loss, metrics
 
@@ -252,8 +283,10 @@ def test_micro_batches_with_global_normalisers_equal_the_full_batch(name, aggreg
 
     num_tokens, num_seqs = count_tokens_and_seqs(batch["mask"])
     # micro-batches of 2, 1 (the empty response) and 3 rows, each cut to its own padded width
-    parts = [run(rows, width, num_global_tokens=num_tokens, num_global_seqs=num_seqs)
-             for rows, width in ((slice(0, 2), 7), (slice(2, 3), 1), (slice(3, 6), 6))]
+    parts = [
+        run(rows, width, num_global_tokens=num_tokens, num_global_seqs=num_seqs)
+        for rows, width in ((slice(0, 2), 7), (slice(2, 3), 1), (slice(3, 6), 6))
+    ]
     summed = sum(loss for loss, _ in parts)
     summed.backward()
     torch.testing.assert_close(summed, full_loss)
@@ -270,7 +303,10 @@ GROUP_MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
 @pytest.mark.parametrize(
     ("name", "row_advantages"),
     [
-        ("grpo", [0.5 / 0.5**0.5, -0.5 / 0.5**0.5, 0.0, 0.0]),  # group a: 1, 0 -> +-0.5 / std 0.7071; group b: all equal
+        (
+            "grpo",
+            [0.5 / 0.5**0.5, -0.5 / 0.5**0.5, 0.0, 0.0],
+        ),  # group a: 1, 0 -> +-0.5 / std 0.7071; group b: all equal
         ("dr_grpo", [0.5, -0.5, 0.0, 0.0]),
         ("rloo", [1.0, -1.0, 0.0, 0.0]),
     ],
@@ -288,7 +324,9 @@ def test_group_advantages_of_token_rewards_use_the_response_total():
 
 def test_reinforce_pp_by_name():
     # returns-to-go 1, 1 | 0: mean 2/3, unbiased std sqrt(1/3)
-    out = compute_advantages(_algo("reinforce_pp"), torch.tensor([1.0, 0.0]), [0, 1], torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+    out = compute_advantages(
+        _algo("reinforce_pp"), torch.tensor([1.0, 0.0]), [0, 1], torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    )
     s = (1 / 3) ** 0.5
     torch.testing.assert_close(out, torch.tensor([[(1 / 3) / s, (1 / 3) / s], [(-2 / 3) / s, 0.0]]), atol=1e-5, rtol=0)
 
@@ -317,7 +355,9 @@ def test_shape_rewards_overlong_and_kl():
     # k1 = 0.2 per token, beta 0.5: -0.1 per policy token, the score on the last one
     old = torch.zeros(1, 3)
     algo = _algo("reinforce_pp", kl_coef=0.5, kl_estimator="k1", kl_in_reward=True)
-    out = shape_rewards(algo, torch.tensor([1.0]), torch.tensor([[1.0, 1.0, 0.0]]), old_logprobs=old, ref_logprobs=old - 0.2)
+    out = shape_rewards(
+        algo, torch.tensor([1.0]), torch.tensor([[1.0, 1.0, 0.0]]), old_logprobs=old, ref_logprobs=old - 0.2
+    )
     torch.testing.assert_close(out, torch.tensor([[-0.1, 0.9, 0.0]]))
     with pytest.raises(ValueError, match="ref_logprobs"):
         shape_rewards(algo, torch.tensor([1.0]), torch.ones(1, 3))
@@ -337,11 +377,18 @@ def test_metric_names_are_documented_or_declared():
     from hetrl.monitor import names
     from hetrl.trainer import algorithms
 
-    declared = {algorithms.IS_WEIGHT_MEAN, algorithms.IS_MASKED_FRAC, algorithms.IS_TRUNCATED_FRAC,
-                algorithms.VALUE_CLIP_FRAC, algorithms.CLIP_FRAC_DUAL}
+    declared = {
+        algorithms.IS_WEIGHT_MEAN,
+        algorithms.IS_MASKED_FRAC,
+        algorithms.IS_TRUNCATED_FRAC,
+        algorithms.VALUE_CLIP_FRAC,
+        algorithms.CLIP_FRAC_DUAL,
+    }
     algo = AlgorithmConfig(name="ppo", kl_coef=0.1, entropy_coef=0.1, dual_clip=3.0, is_correction="masked")
     _, m = compute_loss(algo, LossInputs(**_random_batch(torch.Generator().manual_seed(0))))
-    _, value_metrics = compute_value_loss(algo, torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), torch.ones(2, 2))
+    _, value_metrics = compute_value_loss(
+        algo, torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), torch.ones(2, 2)
+    )
     m |= value_metrics
     assert declared <= set(m)
     assert [k for k in m if k not in declared and names.spec_of(k) is None] == []

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rank_pool import may_start_processes
+from samples import make_samples
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer import checkpoint
-from rank_pool import may_start_processes
-from samples import make_samples
 
 MODEL = ModelConfig(arch="qwen3", hidden_size=64, num_layers=2, ffn_hidden_size=96, vocab_size=127)
 ALGO = AlgorithmConfig(name="grpo", group_size=2)
@@ -96,8 +96,15 @@ def _resume_job(rank: int, world_size: int, root: Path) -> dict:
             for helper in helpers:
                 os.kill(helper.pid, signal.SIGTERM)
             out["helpers_signalled"] = len(helpers)
-            checkpoint.save_checkpoint(root, trainer.step, trainer.model, trainer.optimizer, trainer.scheduler,
-                                       extra={"cursor": {"epoch": 1, "index": 24}}, keep=2)
+            checkpoint.save_checkpoint(
+                root,
+                trainer.step,
+                trainer.model,
+                trainer.optimizer,
+                trainer.scheduler,
+                extra={"cursor": {"epoch": 1, "index": 24}},
+                keep=2,
+            )
         out["draws_after_save"] = _random_draws()
         out["params_at_3"] = _params(trainer)
         out["moments_at_3"] = _adam_moments(trainer)
@@ -138,9 +145,16 @@ def _reshard_job(rank: int, world_size: int, root: Path, layout: dict) -> dict:
     trainer = _trainer(TrainerConfig(**layout, **TRAINER), seed=5)
     try:
         with pytest.warns(UserWarning, match="RNG states not restored"):
-            state = checkpoint.load_checkpoint(root / "step_00000003", trainer.model, trainer.optimizer, trainer.scheduler)
+            state = checkpoint.load_checkpoint(
+                root / "step_00000003", trainer.model, trainer.optimizer, trainer.scheduler
+            )
         trainer.step = state.step
-        out = {"step": state.step, "rng_restored": state.rng_restored, "params": _params(trainer), **_adam_moments(trainer)}
+        out = {
+            "step": state.step,
+            "rng_restored": state.rng_restored,
+            "params": _params(trainer),
+            **_adam_moments(trainer),
+        }
         batch = _batch(trainer)
         out["lrs"] = [trainer.train_step(batch)["lr"] for _ in range(2)]
         return out
@@ -193,7 +207,9 @@ def test_crash_mid_save_leaves_latest_at_the_previous_checkpoint(resumed) -> Non
     assert checkpoint.latest_checkpoint(root) == root / "step_00000003"
 
 
-@pytest.mark.parametrize("layout", [{}, {"pipeline_parallel": 2}, {"context_parallel": 2}], ids=["tp1_dp2", "pp2", "cp2"])
+@pytest.mark.parametrize(
+    "layout", [{}, {"pipeline_parallel": 2}, {"context_parallel": 2}], ids=["tp1_dp2", "pp2", "cp2"]
+)
 def test_tp2_checkpoint_loads_into_another_layout(two_ranks, resumed, layout: dict) -> None:
     """Weights and Adam moments come back bit-exact in the other layout, and the LR schedule goes on."""
     root, ranks = resumed
@@ -224,7 +240,9 @@ def _fake_save(root: Path, step: int) -> Path:
 def test_publish_moves_latest_and_cleanup_keeps_the_newest(tmp_path: Path) -> None:
     assert checkpoint.latest_checkpoint(tmp_path) is None
     for step in (1, 2, 3):
-        assert checkpoint.latest_checkpoint(_fake_save(tmp_path, step).parent) == tmp_path / checkpoint.step_dir_name(step)
+        assert checkpoint.latest_checkpoint(_fake_save(tmp_path, step).parent) == tmp_path / checkpoint.step_dir_name(
+            step
+        )
     (tmp_path / "step_00000004.tmp").mkdir()  # a crashed save
     checkpoint.remove_stale(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002", "step_00000003"]
@@ -294,7 +312,9 @@ def _bf16_job(rank: int, world_size: int, root: Path) -> dict:
 
 def _adam_groups(optimizer) -> list[dict]:
     """The param groups of the torch Adam inside megatron's optimizer."""
-    return [group for part in getattr(optimizer, "chained_optimizers", [optimizer]) for group in part.optimizer.param_groups]
+    return [
+        group for part in getattr(optimizer, "chained_optimizers", [optimizer]) for group in part.optimizer.param_groups
+    ]
 
 
 def _fused_flags(optimizer) -> set[tuple]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from samples import make_samples
 
 from hetrl.trainer.batch import build_train_batch
 from hetrl.trainer.context_parallel import local_positions, shard_micro_batch
-from samples import make_samples
 
 
 def test_ranks_hold_paired_chunks_that_tile_each_span() -> None:
@@ -27,8 +27,10 @@ def test_packed_samples_are_padded_one_by_one_and_sliced_per_sample() -> None:
     padded = batch.with_length_multiple(4).micro_batches[0]
     assert all(length % 4 == 0 for _, length in padded.spans)
     assert torch.equal(padded.cu_seqlens, mb.cu_seqlens)  # real lengths are kept for transformer-engine
-    for (old_start, _), (new_start, _), real in zip(mb.spans, padded.spans, (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).tolist()):
-        assert torch.equal(padded.tokens[0, new_start:new_start + real], mb.tokens[0, old_start:old_start + real])
+    for (old_start, _), (new_start, _), real in zip(
+        mb.spans, padded.spans, (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).tolist()
+    ):
+        assert torch.equal(padded.tokens[0, new_start : new_start + real], mb.tokens[0, old_start : old_start + real])
     assert torch.equal(padded.tokens.reshape(-1)[padded.gather_index], mb.tokens.reshape(-1)[mb.gather_index])
     local = shard_micro_batch(padded, 2, 1)
     keep = local_positions(padded.spans, 2, 1)

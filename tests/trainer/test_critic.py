@@ -6,15 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from rank_pool import may_start_processes
+from samples import make_samples
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.critic import CriticConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from rank_pool import may_start_processes
-from samples import make_samples
 
-MODEL = ModelConfig(arch="llama", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, num_query_groups=2)
+MODEL = ModelConfig(
+    arch="llama", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, num_query_groups=2
+)
 PPO = AlgorithmConfig(name="ppo", group_size=2, value_clip=0.5, kl_coef=0.05, kl_in_reward=True, gamma=1.0, lam=0.9)
 BASE = TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, grad_clip=1.0)
 
@@ -36,7 +38,9 @@ def _ppo_steps(tcfg: TrainerConfig, steps: int = 2, minibatches: int = 2) -> dic
     policy = PolicyTrainer(MODEL, tcfg, PPO, seed=5, max_len=16)
     critic = ValueTrainer(MODEL, tcfg, CriticConfig(lr=1e-2), PPO, policy.groups, seed=5, max_len=16)
     try:
-        history = [train_on_batch(policy, critic, samples, num_minibatches=minibatches, max_tokens=16)[0] for _ in range(steps)]
+        history = [
+            train_on_batch(policy, critic, samples, num_minibatches=minibatches, max_tokens=16)[0] for _ in range(steps)
+        ]
         batch = policy.make_batch(samples)
         return {"history": history, "values": critic.compute_values(batch), "logprobs": policy.compute_logprobs(batch)}
     finally:
@@ -66,7 +70,15 @@ def test_ppo_step_with_critic_reproduces_across_layouts(two_ranks) -> None:
         for rank_result in results:
             run = rank_result[layout]
             for step, (got, want) in enumerate(zip(run["history"], base["history"])):
-                for key in ("loss/value", "value/mean", "critic/grad_norm", "loss/policy", "grad_norm", "advantage/mean", "advantage/std"):
+                for key in (
+                    "loss/value",
+                    "value/mean",
+                    "critic/grad_norm",
+                    "loss/policy",
+                    "grad_norm",
+                    "advantage/mean",
+                    "advantage/std",
+                ):
                     assert abs(got[key] - want[key]) < 1e-5, f"{layout} step {step} {key}: {got[key]} vs {want[key]}"
                 # A token whose value has not moved sits exactly on the clip boundary: round-off may tip it.
                 assert abs(got["value/clip_frac"] - want["value/clip_frac"]) < 0.05
@@ -98,9 +110,19 @@ def test_critic_starts_from_the_policy_or_an_hf_token_classifier(two_ranks, tmp_
 
     from hetrl.trainer.batch import build_train_batch
 
-    hf_cfg = LlamaConfig(vocab_size=MODEL.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=MODEL.max_position_embeddings, rms_norm_eps=MODEL.norm_epsilon,
-                         rope_theta=MODEL.rope_theta, tie_word_embeddings=MODEL.tie_word_embeddings, num_labels=1)
+    hf_cfg = LlamaConfig(
+        vocab_size=MODEL.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MODEL.max_position_embeddings,
+        rms_norm_eps=MODEL.norm_epsilon,
+        rope_theta=MODEL.rope_theta,
+        tie_word_embeddings=MODEL.tie_word_embeddings,
+        num_labels=1,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(hf_cfg).save_pretrained(tmp_path / "policy")
     classifier = LlamaForTokenClassification(hf_cfg).eval()
@@ -110,7 +132,9 @@ def test_critic_starts_from_the_policy_or_an_hf_token_classifier(two_ranks, tmp_
     body = [name for name in fresh if name.startswith("decoder.") and "linear" in name and "norm" not in name]
     assert body
     assert all(not torch.equal(fresh[n], from_policy[n]) for n in body)  # the body came from the policy...
-    torch.testing.assert_close(fresh["output_layer.weight"], from_policy["output_layer.weight"])  # ...the head stayed fresh
+    torch.testing.assert_close(
+        fresh["output_layer.weight"], from_policy["output_layer.weight"]
+    )  # ...the head stayed fresh
     # The classifier's values equal HF's logits at the positions that predict each completion token.
     samples = make_samples(4, vocab=MODEL.vocab_size)
     batch = build_train_batch(samples, micro_batch_size=4)
@@ -137,15 +161,28 @@ def _save_and_resume(rank: int, world_size: int, root: str) -> dict:
     try:
         train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)
         with may_start_processes():
-            save_checkpoint(root, 1, policy.model, policy.optimizer, policy.scheduler, pg_collection=policy.groups.pg_collection,
-                            critic=(critic.model, critic.optimizer, critic.scheduler))
+            save_checkpoint(
+                root,
+                1,
+                policy.model,
+                policy.optimizer,
+                policy.scheduler,
+                pg_collection=policy.groups.pg_collection,
+                critic=(critic.model, critic.optimizer, critic.scheduler),
+            )
         after_save = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)[0]
     finally:
         destroy_parallel()
     policy, critic = build()
     try:
-        load_checkpoint(root, policy.model, policy.optimizer, policy.scheduler, pg_collection=policy.groups.pg_collection,
-                        critic=(critic.model, critic.optimizer, critic.scheduler))
+        load_checkpoint(
+            root,
+            policy.model,
+            policy.optimizer,
+            policy.scheduler,
+            pg_collection=policy.groups.pg_collection,
+            critic=(critic.model, critic.optimizer, critic.scheduler),
+        )
         resumed = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)[0]
         return {"after_save": after_save, "resumed": resumed}
     finally:

@@ -16,7 +16,13 @@ BUCKET_BYTES = 30_000  # the largest tensor here (embedding, 127 x 64 fp32) is 3
 
 
 def _export(
-    rank: int, world_size: int, mcfg: ModelConfig, layout: dict, hf_dir: Path | None, dtype: torch.dtype | None, save_to: Path | None = None
+    rank: int,
+    world_size: int,
+    mcfg: ModelConfig,
+    layout: dict,
+    hf_dir: Path | None,
+    dtype: torch.dtype | None,
+    save_to: Path | None = None,
 ) -> dict:
     """Build a model (importing ``hf_dir`` if given), export it in buckets (and to ``save_to``)."""
     from hetrl.trainer.exporter import iter_hf_weight_buckets, save_hf_checkpoint

@@ -18,7 +18,9 @@ from hetrl.config.trainer import TrainerConfig
 from hetrl.models.hf import build_random_hf_checkpoint
 
 # vocab 127 is not a multiple of TP=2: the embedding is padded and the padding must round-trip away.
-SMALL = dict(hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96, vocab_size=127)
+SMALL = dict(
+    hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96, vocab_size=127
+)
 MOE = dict(num_experts=4, moe_ffn_hidden_size=48, moe_router_topk=2)
 TOKENS = torch.randint(0, 127, (2, 11), generator=torch.Generator().manual_seed(3))
 
@@ -85,7 +87,9 @@ def converted(two_ranks, tmp_path_factory):
     """Each case imported, run and exported once: name -> (hf_dir, export_dir, rank results)."""
     results = {}
     for name in CASES:
-        hf_dir = build_random_hf_checkpoint(model_cfg(name), tmp_path_factory.mktemp(f"{name}_hf"), seed=5, init_std=0.2)
+        hf_dir = build_random_hf_checkpoint(
+            model_cfg(name), tmp_path_factory.mktemp(f"{name}_hf"), seed=5, init_std=0.2
+        )
         out_dir = tmp_path_factory.mktemp(f"{name}_export")
         results[name] = (hf_dir, out_dir, two_ranks.run(_import_forward_export, name, hf_dir, out_dir))
     return results

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from samples import make_samples
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from samples import make_samples
 
 MODEL = ModelConfig(arch="qwen3", vocab_size=130)  # 130: padded to 130/132 by TP, exercises the pad rows
 
@@ -20,7 +20,9 @@ def _logprobs(tcfg: TrainerConfig, *, micro_batch_size: int, pack_length: int | 
     groups = init_parallel(tcfg)
     try:
         model = build_gpt_model(MODEL, tcfg, pg_collection=groups.pg_collection, seed=3)
-        batch = build_train_batch(make_samples(7, vocab=MODEL.vocab_size), micro_batch_size=micro_batch_size, pack_length=pack_length)
+        batch = build_train_batch(
+            make_samples(7, vocab=MODEL.vocab_size), micro_batch_size=micro_batch_size, pack_length=pack_length
+        )
         return forward_logprobs(model, batch, groups, temperature=temperature, with_entropy=True)
     finally:
         destroy_parallel()
@@ -34,7 +36,15 @@ def _tp_vs_tp1(rank: int, world_size: int) -> dict:
     cp2 = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=3, pack_length=None)
     cp2_packed = _logprobs(TrainerConfig(precision="fp32", context_parallel=2), micro_batch_size=2, pack_length=24)
     tp2_packed = _logprobs(TrainerConfig(precision="fp32", tensor_parallel=2), micro_batch_size=2, pack_length=24)
-    return {"tp1": tp1, "tp2": tp2, "packed": packed, "single_t07": single, "cp2": cp2, "cp2_packed": cp2_packed, "tp2_packed": tp2_packed}
+    return {
+        "tp1": tp1,
+        "tp2": tp2,
+        "packed": packed,
+        "single_t07": single,
+        "cp2": cp2,
+        "cp2_packed": cp2_packed,
+        "tp2_packed": tp2_packed,
+    }
 
 
 def _reference_logprobs(rank: int, world_size: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +65,7 @@ def _reference_logprobs(rank: int, world_size: int, temperature: float) -> tuple
                 logits = model(ids, torch.arange(ids.shape[1])[None], None)[0].float() / temperature
                 logp = torch.log_softmax(logits, -1)  # over the padded vocab, as the engine would with it
                 p, c = len(s.prompt_ids), len(s.completion_ids)
-                rows = logp[p - 1:p - 1 + c]
+                rows = logp[p - 1 : p - 1 + c]
                 m = torch.tensor(s.loss_mask, dtype=torch.float32)
                 lp[i, :c] = rows.gather(-1, ids[0, p:, None])[:, 0] * m
                 ent[i, :c] = -(rows.exp() * rows).sum(-1) * m
@@ -74,8 +84,12 @@ def test_tp2_and_cp2_match_tp1_and_packing_and_microbatching_do_not_change_logpr
         torch.testing.assert_close(tp1_lp, ref_lp, atol=1e-5, rtol=0)
         torch.testing.assert_close(tp1_ent, ref_ent, atol=1e-5, rtol=0)
         for key in ("tp2", "packed", "cp2", "cp2_packed", "tp2_packed"):
-            torch.testing.assert_close(r[key][0], tp1_lp, atol=1e-5, rtol=0, msg=lambda m: f"{key} logprobs: {m}")
-            torch.testing.assert_close(r[key][1], tp1_ent, atol=1e-5, rtol=0, msg=lambda m: f"{key} entropy: {m}")
+            torch.testing.assert_close(
+                r[key][0], tp1_lp, atol=1e-5, rtol=0, msg=lambda m, key=key: f"{key} logprobs: {m}"
+            )
+            torch.testing.assert_close(
+                r[key][1], tp1_ent, atol=1e-5, rtol=0, msg=lambda m, key=key: f"{key} entropy: {m}"
+            )
         torch.testing.assert_close(r["single_t07"][0], ref_lp07, atol=1e-5, rtol=0)
         torch.testing.assert_close(r["single_t07"][1], ref_ent07, atol=1e-5, rtol=0)
     assert (ref_lp != 0).sum() > 40  # the comparison covers real tokens

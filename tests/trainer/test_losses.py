@@ -220,7 +220,9 @@ _ICEPOP_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 def test_icepop_weights_by_hand(threshold, weights, rejected):
     rollout = torch.tensor([[-1.0, -2.0, -0.3], [-0.7, -1.1, -0.2]])
     old = rollout + _ICEPOP_RATIOS.log()
-    w, rej, trunc = losses.importance_weights(old, rollout, _ICEPOP_MASK, "icepop", "token", threshold, threshold_low=0.5)
+    w, rej, trunc = losses.importance_weights(
+        old, rollout, _ICEPOP_MASK, "icepop", "token", threshold, threshold_low=0.5
+    )
     torch.testing.assert_close(w, torch.tensor(weights))
     assert sorted(map(tuple, rej.nonzero().tolist())) == rejected  # padding is never counted as rejected
     assert not trunc.any()

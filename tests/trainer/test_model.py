@@ -21,7 +21,12 @@ def expected_num_params(cfg: ModelConfig, vocab: int) -> int:
     """Parameter count of the full model from the architecture table in model.py."""
     h, d, nq, nkv = cfg.hidden_size, cfg.kv_channels, cfg.num_attention_heads, cfg.num_query_groups
     qkv_out = (nq + 2 * nkv) * d
-    attn = h * qkv_out + nq * d * h + (qkv_out if cfg.arch == "qwen2" else 0) + (2 * d if cfg.arch in ("qwen3", "qwen3_moe") else 0)
+    attn = (
+        h * qkv_out
+        + nq * d * h
+        + (qkv_out if cfg.arch == "qwen2" else 0)
+        + (2 * d if cfg.arch in ("qwen3", "qwen3_moe") else 0)
+    )
     if cfg.is_moe:
         mlp = h * cfg.num_experts + cfg.num_experts * 3 * h * cfg.moe_ffn_hidden_size
     else:

@@ -1,4 +1,5 @@
-"""PolicyTrainer: PP=2, TP=2 (with and without sequence parallelism) and CP=2 reproduce DP=2, EP=2 MoE trains with dense params in sync, LR schedule."""
+"""PolicyTrainer: PP=2, TP=2 (with and without sequence parallelism) and CP=2 reproduce DP=2, EP=2 MoE trains with dense
+params in sync, LR schedule."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ import dataclasses
 
 import pytest
 import torch
+from samples import make_samples
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from samples import make_samples
 
 DENSE = ModelConfig(arch="llama", num_layers=2)
 MOE = ModelConfig(arch="qwen3_moe", num_experts=4, moe_ffn_hidden_size=64, moe_router_topk=2, moe_aux_loss_coeff=1e-2)
 ALGO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.1, entropy_coef=0.01)
 
 
-def _train(tcfg: TrainerConfig, mcfg: ModelConfig, num_steps: int, *, fixed_old: bool = False, samples: list | None = None) -> dict:
+def _train(
+    tcfg: TrainerConfig, mcfg: ModelConfig, num_steps: int, *, fixed_old: bool = False, samples: list | None = None
+) -> dict:
     from hetrl.trainer.parallel import destroy_parallel
     from hetrl.trainer.policy import PolicyTrainer
 
@@ -129,7 +132,10 @@ def _tp2_sequence_parallel_vs_baseline(rank: int, world_size: int) -> dict:
         "dense": (_train(base, DENSE, 2), _train(base.model_copy(update=sp), DENSE, 2)),
         "packed": (_train(packed, DENSE, 2), _train(packed.model_copy(update=sp), DENSE, 2)),
         "moe": (_train(base, moe, 2), _train(base.model_copy(update=sp), moe, 2)),
-        "moe_aux_loss": (_train(base, MOE, 1, samples=repeated), _train(base.model_copy(update=sp), MOE, 1, samples=repeated)),
+        "moe_aux_loss": (
+            _train(base, MOE, 1, samples=repeated),
+            _train(base.model_copy(update=sp), MOE, 1, samples=repeated),
+        ),
     }
 
 
@@ -141,16 +147,21 @@ def test_tp2_with_sequence_parallelism_reproduces_the_data_parallel_run(two_rank
         for case, (base, sp) in rank_result.items():
             for step, (got, want) in enumerate(zip(sp["history"], base["history"])):
                 for key in ("loss/total", "loss/policy", "loss/kl", "entropy", "grad_norm"):
-                    assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), f"{case} step {step} {key}: {got[key]} vs {want[key]}"
+                    assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), (
+                        f"{case} step {step} {key}: {got[key]} vs {want[key]}"
+                    )
             # The aux loss's one Adam step turns rounding-level gradient differences into whole sign-like updates of
             # near-zero entries: 2.0e-5 in log-probs on this AMD EPYC, under 1e-5 on the machines CI passed on before.
             atol = 1e-4 if case == "moe_aux_loss" else 1e-5
-            torch.testing.assert_close(sp["final_logprobs"], base["final_logprobs"], atol=atol, rtol=0, msg=lambda m, case=case: f"{case}: {m}")
+            torch.testing.assert_close(
+                sp["final_logprobs"], base["final_logprobs"], atol=atol, rtol=0, msg=lambda m, case=case: f"{case}: {m}"
+            )
             norms = [n for n in base["dense"] if "layernorm" in n]
             assert norms and all(abs(sp["dense"][n] - base["dense"][n]) < 1e-5 for n in norms), case
     for case in results[0]:  # replicated norm weights stay identical across the TP ranks
-        assert {n: v for n, v in results[0][case][1]["dense"].items() if "layernorm" in n} == \
-               {n: v for n, v in results[1][case][1]["dense"].items() if "layernorm" in n}
+        assert {n: v for n, v in results[0][case][1]["dense"].items() if "layernorm" in n} == {
+            n: v for n, v in results[1][case][1]["dense"].items() if "layernorm" in n
+        }
 
 
 def _moe_ep2(rank: int, world_size: int) -> dict:
@@ -172,11 +183,17 @@ def _schedule(rank: int, world_size: int) -> list[float]:
     from hetrl.trainer.parallel import destroy_parallel
     from hetrl.trainer.policy import PolicyTrainer
 
-    tcfg = TrainerConfig(precision="fp32", lr=1e-3, min_lr=1e-4, lr_warmup_steps=2, lr_decay_style="linear", micro_batch_size=8)
-    model = ModelConfig(arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1)
+    tcfg = TrainerConfig(
+        precision="fp32", lr=1e-3, min_lr=1e-4, lr_warmup_steps=2, lr_decay_style="linear", micro_batch_size=8
+    )
+    model = ModelConfig(
+        arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1
+    )
     trainer = PolicyTrainer(model, tcfg, AlgorithmConfig(group_size=2), total_steps=4)
     try:
-        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(torch.tensor([1.0, -1.0, 1.0, -1.0]))
+        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(
+            torch.tensor([1.0, -1.0, 1.0, -1.0])
+        )
         return [trainer.train_step(batch)["lr"] for _ in range(4)]
     finally:
         destroy_parallel()
@@ -192,13 +209,22 @@ def _reset(rank: int, world_size: int) -> dict:
     from hetrl.trainer.policy import PolicyTrainer
 
     tcfg = TrainerConfig(precision="fp32", lr=1e-3, lr_warmup_steps=2, lr_decay_style="linear", micro_batch_size=8)
-    model = ModelConfig(arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1)
+    model = ModelConfig(
+        arch="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1
+    )
     trainer = PolicyTrainer(model, tcfg, AlgorithmConfig(group_size=2), total_steps=4)
     try:
-        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(torch.tensor([1.0, -1.0, 1.0, -1.0]))
+        batch = trainer.make_batch(make_samples(4, vocab=model.vocab_size)).with_advantages(
+            torch.tensor([1.0, -1.0, 1.0, -1.0])
+        )
         before = [trainer.train_step(batch)["lr"] for _ in range(3)]
         trainer.reset_optimizer(total_steps=4)
-        states = [s for group in trainer.optimizer.get_parameters() for s in [trainer.optimizer.optimizer.state.get(group)] if s]
+        states = [
+            s
+            for group in trainer.optimizer.get_parameters()
+            for s in [trainer.optimizer.optimizer.state.get(group)]
+            if s
+        ]
         after = [trainer.train_step(batch)["lr"] for _ in range(2)]
         return {"before": before, "after": after, "fresh_state": len(states)}
     finally:
@@ -250,7 +276,9 @@ def _old_from_the_update_vs_a_separate_pass(rank: int, world_size: int) -> dict:
         for separate in (True, False):
             trainer = PolicyTrainer(DENSE, tcfg, ALGO, seed=11, max_len=16)
             try:
-                batch = trainer.make_batch(make_samples(8, vocab=DENSE.vocab_size)).with_advantages(torch.linspace(-1, 1, 8))
+                batch = trainer.make_batch(make_samples(8, vocab=DENSE.vocab_size)).with_advantages(
+                    torch.linspace(-1, 1, 8)
+                )
                 if separate:
                     old = trainer.compute_logprobs(batch)
                     metrics = trainer.train_step(batch, old_logprobs=old)

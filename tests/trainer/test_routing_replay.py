@@ -19,20 +19,29 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from rank_pool import RankPool
+from samples import make_samples
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
+from hetrl.records import Sample
 from hetrl.trainer.batch import build_train_batch
 from hetrl.trainer.context_parallel import local_positions, shard_micro_batch
-from hetrl.records import Sample
-from rank_pool import RankPool
-from samples import make_samples
 
 LAYERS, TOP_K, EXPERTS = 2, 2, 4
 # moe_aux_loss_coeff=0: the router's only gradient is the one through the (replayed) experts' gate scores.
-MOE = ModelConfig(arch="qwen3_moe", num_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=64, moe_aux_loss_coeff=0.0,
-                  hidden_size=64, ffn_hidden_size=128, num_layers=LAYERS, vocab_size=128)
+MOE = ModelConfig(
+    arch="qwen3_moe",
+    num_experts=EXPERTS,
+    moe_router_topk=TOP_K,
+    moe_ffn_hidden_size=64,
+    moe_aux_loss_coeff=0.0,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_layers=LAYERS,
+    vocab_size=128,
+)
 ALGO = AlgorithmConfig(name="grpo", group_size=2)
 SEED = 5
 
@@ -64,10 +73,12 @@ def expected_routing(mb, samples: list[Sample]) -> torch.Tensor:
     for i, k in enumerate(mb.sample_indices):
         s = samples[k]
         ids = s.prompt_ids + s.completion_ids
-        row, start = (i, 0) if mb.cu_seqlens is None else (0, int(mb.cu_seqlens_padded[i]))  # one row each, or packed spans
-        assert mb.tokens[row, start:start + len(ids)].tolist() == ids
+        row, start = (
+            (i, 0) if mb.cu_seqlens is None else (0, int(mb.cu_seqlens_padded[i]))
+        )  # one row each, or packed spans
+        assert mb.tokens[row, start : start + len(ids)].tolist() == ids
         if s.routed_experts is not None:
-            want[row, start:start + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype(np.int64))
+            want[row, start : start + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype(np.int64))
     return want
 
 
@@ -131,7 +142,10 @@ def test_routing_is_all_or_nothing_and_of_one_shape() -> None:
         build_train_batch([samples[0], plain[1], samples[2]], micro_batch_size=4)
     with pytest.raises(ValueError, match="policy tokens but no engine routing"):
         build_train_batch([samples[0], plain[1]], micro_batch_size=4, pack_length=32)
-    wider = replace(plain[1], routed_experts=np.zeros((len(plain[1].prompt_ids) + len(plain[1].completion_ids) - 1, LAYERS, 3), np.uint8))
+    wider = replace(
+        plain[1],
+        routed_experts=np.zeros((len(plain[1].prompt_ids) + len(plain[1].completion_ids) - 1, LAYERS, 3), np.uint8),
+    )
     with pytest.raises(ValueError, match="different shapes"):
         build_train_batch([samples[0], wider], micro_batch_size=4)
     # A sample with nothing to learn from (a demonstration turn, an empty completion) may come without routing.
@@ -244,7 +258,9 @@ def carrying(samples: list[Sample], routing: list[np.ndarray]) -> list[Sample]:
 
 
 def router_weights(trainer) -> torch.Tensor:  # noqa: ANN001 - a PolicyTrainer
-    return torch.cat([p.detach().flatten().clone() for n, p in trainer.module.named_parameters() if n.endswith("router.weight")])
+    return torch.cat(
+        [p.detach().flatten().clone() for n, p in trainer.module.named_parameters() if n.endswith("router.weight")]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +297,11 @@ def _single_rank(rank: int, world_size: int) -> dict:
                     out[layout, name, routing_name] = trainer.compute_logprobs(make(carrying(samples, routing)))
                     out[layout, name, routing_name, "disagree"] = trainer.routing.take_disagreement()
         try:
-            replay.compute_logprobs(build_train_batch(
-                carrying(samples, [np.concatenate([r, r[:, :1]], axis=1) for r in own]), micro_batch_size=2))
+            replay.compute_logprobs(
+                build_train_batch(
+                    carrying(samples, [np.concatenate([r, r[:, :1]], axis=1) for r in own]), micro_batch_size=2
+                )
+            )
         except ValueError as e:
             out["wrong_layers"] = str(e)
 
@@ -326,18 +345,24 @@ def test_measuring_counts_disagreement_and_changes_nothing(single: dict) -> None
         assert single[layout, "measure", "shifted", "disagree"] == 1.0
         for routing in ("own", "shifted"):
             torch.testing.assert_close(single[layout, "measure", routing], base, atol=0, rtol=0)
-    torch.testing.assert_close(single["packed", "measure", "none"], single["rows", "measure", "none"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        single["packed", "measure", "none"], single["rows", "measure", "none"], atol=1e-5, rtol=0
+    )
 
 
 def test_replay_is_obeyed_and_replaying_the_models_own_routing_changes_nothing(single: dict) -> None:
     for layout in ("rows", "packed"):
         base = single[layout, "measure", "none"]
-        torch.testing.assert_close(single[layout, "replay", "none"], base, atol=0, rtol=0)  # no routing: the router's own
+        torch.testing.assert_close(
+            single[layout, "replay", "none"], base, atol=0, rtol=0
+        )  # no routing: the router's own
         torch.testing.assert_close(single[layout, "replay", "own"], base, atol=1e-6, rtol=0)
         assert (single[layout, "replay", "shifted"] - base).abs().max() > 1e-3
         assert single[layout, "replay", "own", "disagree"] == 0.0  # replaying still measures the router's own choice
         assert single[layout, "replay", "shifted", "disagree"] == 1.0
-    torch.testing.assert_close(single["packed", "replay", "shifted"], single["rows", "replay", "shifted"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        single["packed", "replay", "shifted"], single["rows", "replay", "shifted"], atol=1e-5, rtol=0
+    )
     assert "3 MoE layers" in single["wrong_layers"]
 
 
@@ -405,10 +430,14 @@ def test_replay_in_every_layout(two_ranks) -> None:
                     assert abs(r[layout, "replay", "train"][key] - r[layout, "off", "train"][key]) < 1e-6, (layout, key)
                 assert r[layout, "replay", "train", "disagree"] == 0.0, layout
         # Same log-probs on both ranks (PP: the last stage's, broadcast; TP/CP/EP: every rank's whole batch).
-        torch.testing.assert_close(results[0][layout, "replay", "shifted"], results[1][layout, "replay", "shifted"], atol=0, rtol=0)
+        torch.testing.assert_close(
+            results[0][layout, "replay", "shifted"], results[1][layout, "replay", "shifted"], atol=0, rtol=0
+        )
     # Every layout computes the one model: the shifted replay is the same function everywhere.
     for layout in ("tp2", "cp2_packed", "ep2"):
-        torch.testing.assert_close(results[0][layout, "replay", "shifted"], results[0]["pp2", "replay", "shifted"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            results[0][layout, "replay", "shifted"], results[0]["pp2", "replay", "shifted"], atol=1e-5, rtol=0
+        )
 
 
 def _recompute_under_pp2(rank: int, world_size: int) -> str:

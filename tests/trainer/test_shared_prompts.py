@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 import torch
+from samples import make_samples
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.trainer.batch import build_train_batch, shard_for_data_parallel
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
-from samples import make_samples
 
 DENSE = ModelConfig(arch="llama", num_layers=2)
 ALGO = AlgorithmConfig(name="grpo", group_size=4, kl_coef=0.1, entropy_coef=0.01)
@@ -23,7 +23,10 @@ def grouped_samples(vocab: int = 128) -> list:
     """Three GRPO groups of 4: each group's samples share its first sample's prompt (one has a 1-token prompt)."""
     samples = make_samples(12, vocab=vocab, seed=3)
     samples[8] = dataclasses.replace(samples[8], prompt_ids=samples[8].prompt_ids[:1])
-    return [dataclasses.replace(s, prompt_ids=samples[4 * (i // 4)].prompt_ids, group_id=f"g{i // 4}") for i, s in enumerate(samples)]
+    return [
+        dataclasses.replace(s, prompt_ids=samples[4 * (i // 4)].prompt_ids, group_id=f"g{i // 4}")
+        for i, s in enumerate(samples)
+    ]
 
 
 def test_each_completion_token_is_read_where_its_branch_predicts_it():
@@ -32,14 +35,20 @@ def test_each_completion_token_is_read_where_its_branch_predicts_it():
     # a tree per prompt, a micro-batch's trees in one row
     assert [mb.tokens.shape[0] for mb in batch.micro_batches] == [1, 1]
     assert sum(int(mb.tree_ids[0].max()) + 1 for mb in batch.micro_batches) == 3
-    assert batch.num_tokens == sum(tree_length(samples[i:i + 4]) for i in (0, 4, 8)) < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    assert (
+        batch.num_tokens
+        == sum(tree_length(samples[i : i + 4]) for i in (0, 4, 8))
+        < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    )
     for mb in batch.micro_batches:
         labels, positions = mb.labels.flatten(), mb.position_ids.flatten()
         for i, k in enumerate(mb.sample_indices):
             s, c = samples[k], len(samples[k].completion_ids)
             at = mb.gather_index[i, :c]
             assert labels[at].tolist() == s.completion_ids  # each completion token is its predicting position's label
-            assert positions[at].tolist() == list(range(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + c))  # as in a row of its own
+            assert positions[at].tolist() == list(
+                range(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + c)
+            )  # as in a row of its own
             assert mb.loss_mask[i, :c].tolist() == [float(m) for m in s.loss_mask]
         assert set(mb.tree_ids[1].unique().tolist()) <= {PAD_BRANCH, 0, 1, 2, 3, 4}
 
@@ -77,14 +86,27 @@ def test_tree_attention_equals_the_dense_tree_mask(scores, monkeypatch):
         monkeypatch.setattr(shared_prompts, "_MATMUL_SCORES_MAX", 0)
 
     samples = grouped_samples()
-    micro = build_train_batch(samples[:7] + samples[8:] + samples[:4], micro_batch_size=2, shared_prompts=True).micro_batches
+    micro = build_train_batch(
+        samples[:7] + samples[8:] + samples[:4], micro_batch_size=2, shared_prompts=True
+    ).micro_batches
     length = max(mb.tree_ids.shape[2] for mb in micro)
-    tree_ids = torch.cat([torch.nn.functional.pad(mb.tree_ids, (0, length - mb.tree_ids.shape[2]), value=PAD_BRANCH) for mb in micro], dim=1)
+    tree_ids = torch.cat(
+        [torch.nn.functional.pad(mb.tree_ids, (0, length - mb.tree_ids.shape[2]), value=PAD_BRANCH) for mb in micro],
+        dim=1,
+    )
     rows = tree_ids.shape[1]
-    assert rows == 2 and (tree_ids == PAD_BRANCH).any() and int(tree_ids[0].max()) == 1 and len(set(tree_ids[1].max(1).values.tolist())) > 1
+    assert (
+        rows == 2
+        and (tree_ids == PAD_BRANCH).any()
+        and int(tree_ids[0].max()) == 1
+        and len(set(tree_ids[1].max(1).values.tolist())) > 1
+    )
     heads, groups, dim = 4, 2, 8
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(length, rows, h, dim, generator=gen, dtype=torch.float64, requires_grad=True) for h in (heads, groups, groups))
+    q, k, v = (
+        torch.randn(length, rows, h, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+        for h in (heads, groups, groups)
+    )
     real = (tree_ids[0] != PAD_BRANCH).t()[:, :, None]  # [T, R, 1]
     weights = torch.randn(length, rows, heads * dim, generator=gen, dtype=torch.float64)
     results = []
@@ -119,8 +141,13 @@ def _train(tcfg: TrainerConfig) -> dict:
         first = trainer.compute_logprobs(batch)
         history = [trainer.train_step(batch) for _ in range(2)]
         params = {name: p.detach().clone() for name, p in trainer.module.named_parameters()}
-        return {"history": history, "first_logprobs": first, "final_logprobs": trainer.compute_logprobs(batch), "params": params,
-                "tokens": batch.num_tokens}
+        return {
+            "history": history,
+            "first_logprobs": first,
+            "final_logprobs": trainer.compute_logprobs(batch),
+            "params": params,
+            "tokens": batch.num_tokens,
+        }
     finally:
         destroy_parallel()
 
@@ -131,7 +158,9 @@ def _shared_vs_one_row_per_sample(rank: int, world_size: int) -> dict:
     return {
         "rows": _train(base),
         "dp2": _train(shared),
-        "dp2_trees_in_a_row": _train(shared.model_copy(update={"micro_batch_size": 2})),  # a rank's two groups in one row
+        "dp2_trees_in_a_row": _train(
+            shared.model_copy(update={"micro_batch_size": 2})
+        ),  # a rank's two groups in one row
         "tp2": _train(shared.model_copy(update={"tensor_parallel": 2})),
         "pp2": _train(shared.model_copy(update={"pipeline_parallel": 2})),
     }
@@ -144,11 +173,17 @@ def test_shared_prompts_train_as_one_row_per_sample(two_ranks) -> None:
         base = rank_result["rows"]
         for layout in ("dp2", "dp2_trees_in_a_row", "tp2", "pp2"):
             run = rank_result[layout]
-            torch.testing.assert_close(run["first_logprobs"], base["first_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")
-            torch.testing.assert_close(run["final_logprobs"], base["final_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}")
+            torch.testing.assert_close(
+                run["first_logprobs"], base["first_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}"
+            )
+            torch.testing.assert_close(
+                run["final_logprobs"], base["final_logprobs"], atol=1e-5, rtol=0, msg=lambda m, x=layout: f"{x}: {m}"
+            )
             for step, (got, want) in enumerate(zip(run["history"], base["history"])):
                 for key in ("loss/total", "loss/policy", "loss/kl", "entropy", "grad_norm"):
-                    assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), f"{layout} step {step} {key}: {got[key]} vs {want[key]}"
+                    assert abs(got[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), (
+                        f"{layout} step {step} {key}: {got[key]} vs {want[key]}"
+                    )
     tokens = {layout: sum(r[layout]["tokens"] for r in results) for layout in ("rows", "dp2")}
     assert tokens["dp2"] < tokens["rows"], tokens  # a prompt is computed once per group
     assert results[0]["rows"]["first_logprobs"].abs().sum() > 0

@@ -15,20 +15,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_hf_convert import read_safetensors
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig, VisionConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.models.hf import CHAR_IMAGE_TOKEN_ID, build_random_hf_checkpoint
+from hetrl.records import Sample
 from hetrl.trainer.batch import build_train_batch
 from hetrl.trainer.vision import image_spec, model_tokens, pixel_values
-from hetrl.records import Sample
-from test_hf_convert import read_safetensors
 
 IMG = CHAR_IMAGE_TOKEN_ID
 VISION = dict(image_size=32, patch_size=16, hidden_size=64, num_layers=2, num_attention_heads=2, ffn_hidden_size=96)
-VLM = ModelConfig(arch="llava", vocab_size=128, hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
-                  ffn_hidden_size=96, max_position_embeddings=256, vision=VisionConfig(**VISION))
+VLM = ModelConfig(
+    arch="llava",
+    vocab_size=128,
+    hidden_size=64,
+    num_layers=2,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=96,
+    max_position_embeddings=256,
+    vision=VisionConfig(**VISION),
+)
 FROZEN = VLM.model_copy(update={"vision": VisionConfig(**VISION, freeze=True)})
 TPI = VLM.vision.tokens_per_image  # 4 positions per image
 ALGO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.1)
@@ -47,9 +56,17 @@ def _image(seed: int, size: tuple[int, int] = (40, 50), png: bool = False):
 
 
 def _sample(i: int, prompt: list[int], completion: list[int], mask: list[int], images: list) -> Sample:
-    return Sample(sample_id=f"s{i}", group_id=f"g{i // 2}", task_name="t", prompt_ids=prompt, completion_ids=completion,
-                  loss_mask=mask, logprobs=[-0.1 * (j + 1) * m for j, m in enumerate(mask)], versions=[0 if m else -1 for m in mask],
-                  images=images)
+    return Sample(
+        sample_id=f"s{i}",
+        group_id=f"g{i // 2}",
+        task_name="t",
+        prompt_ids=prompt,
+        completion_ids=completion,
+        loss_mask=mask,
+        logprobs=[-0.1 * (j + 1) * m for j, m in enumerate(mask)],
+        versions=[0 if m else -1 for m in mask],
+        images=images,
+    )
 
 
 def vlm_samples() -> list[Sample]:
@@ -57,7 +74,13 @@ def vlm_samples() -> list[Sample]:
     return [
         _sample(0, [5, IMG, 7, 8], [9, 10, 11], [1, 1, 1], [_image(0)]),
         # a multi-turn episode: the second observation brings a screenshot (loss mask 0 around it)
-        _sample(1, [IMG, 6, 7], [12, 13, 20, IMG, 21, 14, 15], [1, 1, 0, 0, 0, 1, 1], [_image(1, png=True), _image(2, (64, 64))]),
+        _sample(
+            1,
+            [IMG, 6, 7],
+            [12, 13, 20, IMG, 21, 14, 15],
+            [1, 1, 0, 0, 0, 1, 1],
+            [_image(1, png=True), _image(2, (64, 64))],
+        ),
         _sample(2, [4, 5, 6, 7, 8], [16, 17], [1, 1], []),
         _sample(3, [IMG, IMG, 30], [31, 32, 33, 34], [1, 0, 1, 1], [_image(3, (20, 90)), _image(4, png=True)]),
     ]
@@ -82,7 +105,9 @@ def test_placeholders_expand_in_model_space_and_sample_space_keeps_completion_co
     assert mb.image_mask[0].nonzero().flatten().tolist() == layout.image_positions
     # sample space: one column per completion token, exactly the sample's lists
     assert mb.loss_mask[0].tolist() == sample.loss_mask
-    torch.testing.assert_close(mb.rollout_logprobs[0], torch.tensor(sample.logprobs) * torch.tensor(sample.loss_mask, dtype=torch.float32))
+    torch.testing.assert_close(
+        mb.rollout_logprobs[0], torch.tensor(sample.logprobs) * torch.tensor(sample.loss_mask, dtype=torch.float32)
+    )
     labels = mb.labels.reshape(-1)[mb.gather_index[0]]
     assert labels.tolist() == sample.completion_ids  # each column reads the position that predicts its token
     assert mb.num_tokens == len(layout.ids)
@@ -97,7 +122,9 @@ def test_packed_rows_keep_images_in_order() -> None:
     mb = batch.micro_batches[0]
     placed = [samples[i] for i in mb.sample_indices]
     assert mb.image_mask.sum() == TPI * sum(len(s.images) for s in placed)
-    torch.testing.assert_close(mb.pixel_values, pixel_values([img for s in placed for img in s.images], spec), rtol=0, atol=0)
+    torch.testing.assert_close(
+        mb.pixel_values, pixel_values([img for s in placed for img in s.images], spec), rtol=0, atol=0
+    )
     for row, s in enumerate(placed):
         assert mb.labels.reshape(-1)[mb.gather_index[row, : len(s.completion_ids)]].tolist() == s.completion_ids
     padded = batch.with_length_multiple(4).uniform()  # span padding moves the image positions with their tokens
@@ -175,9 +202,17 @@ def _convert(rank: int, world_size: int, name: str, hf_dir: Path, out_dir: Path,
             one = build_train_batch(samples[1:2], micro_batch_size=1, images=spec).micro_batches[0]
             out["logits"] = _gathered_logits(model, one, groups)
             other = replace(samples[1], images=[samples[1].images[0], _image(9)])
-            out["logits_other"] = _gathered_logits(model, build_train_batch([other], micro_batch_size=1, images=spec).micro_batches[0], groups)
-        save_hf_checkpoint(model, VLM, out_dir, max_shard_bytes=200_000, copy_files_from=hf_dir, pg_collection=groups.pg_collection)
-        out["pushed"] = [n for bucket in iter_hf_weight_buckets(model, VLM.vocab_size, pg_collection=groups.pg_collection) for n, _ in bucket]
+            out["logits_other"] = _gathered_logits(
+                model, build_train_batch([other], micro_batch_size=1, images=spec).micro_batches[0], groups
+            )
+        save_hf_checkpoint(
+            model, VLM, out_dir, max_shard_bytes=200_000, copy_files_from=hf_dir, pg_collection=groups.pg_collection
+        )
+        out["pushed"] = [
+            n
+            for bucket in iter_hf_weight_buckets(model, VLM.vocab_size, pg_collection=groups.pg_collection)
+            for n, _ in bucket
+        ]
         return out
     finally:
         destroy_parallel()
@@ -264,13 +299,23 @@ def test_export_loads_in_transformers_with_its_processor(converted, hf_dir) -> N
     processor = transformers.AutoProcessor.from_pretrained(out_dir)
     assert type(processor).__name__ == "LlavaProcessor"
     sample = vlm_samples()[0]
-    torch.testing.assert_close(_hf_logits(_hf_model(out_dir), sample), _hf_logits(_hf_model(hf_dir), sample), rtol=0, atol=0)
+    torch.testing.assert_close(
+        _hf_logits(_hf_model(out_dir), sample), _hf_logits(_hf_model(hf_dir), sample), rtol=0, atol=0
+    )
 
 
 # --- training ----------------------------------------------------------------------------------
 
 
-def _train(rank: int, world_size: int, mcfg: ModelConfig, layout: dict, hf_dir: Path, out_dir: Path | None, samples: list[Sample]) -> dict:
+def _train(
+    rank: int,
+    world_size: int,
+    mcfg: ModelConfig,
+    layout: dict,
+    hf_dir: Path,
+    out_dir: Path | None,
+    samples: list[Sample],
+) -> dict:
     from hetrl.trainer.exporter import iter_hf_tensors, iter_hf_weight_buckets, save_hf_checkpoint
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.parallel import destroy_parallel
@@ -286,12 +331,20 @@ def _train(rank: int, world_size: int, mcfg: ModelConfig, layout: dict, hf_dir: 
         batch = trainer.make_batch(samples).with_advantages(torch.tensor([1.0, -1.0, 0.5, -0.5]))
         metrics = trainer.train_step(batch)
         after = dict(iter_hf_tensors(trainer.module, mcfg.vocab_size, pg_collection=pg, include_frozen=True))
-        pushed = [n for bucket in iter_hf_weight_buckets(trainer.module, mcfg.vocab_size, pg_collection=pg) for n, _ in bucket]
+        pushed = [
+            n for bucket in iter_hf_weight_buckets(trainer.module, mcfg.vocab_size, pg_collection=pg) for n, _ in bucket
+        ]
         trainable = sorted(n for n, p in trainer.module.named_parameters() if p.requires_grad)
         if out_dir is not None:
             save_hf_checkpoint(trainer.module, mcfg, out_dir, pg_collection=pg)
-        return {"before": before, "after": after, "pushed": pushed, "metrics": metrics, "trainable": trainable,
-                "logprobs": trainer.compute_logprobs(batch)}
+        return {
+            "before": before,
+            "after": after,
+            "pushed": pushed,
+            "metrics": metrics,
+            "trainable": trainable,
+            "logprobs": trainer.compute_logprobs(batch),
+        }
     finally:
         destroy_parallel()
 
@@ -356,31 +409,46 @@ def _refused(rank: int, world_size: int, layout: dict) -> str:
 
 
 def test_unsupported_layouts_are_refused_at_build(two_ranks) -> None:
-    for layout, what in [({"context_parallel": 2}, "context_parallel"), ({"tensor_parallel": 2, "sequence_parallel": True}, "sequence_parallel")]:
+    for layout, what in [
+        ({"context_parallel": 2}, "context_parallel"),
+        ({"tensor_parallel": 2, "sequence_parallel": True}, "sequence_parallel"),
+    ]:
         for message in two_ranks.run(_refused, layout):
             assert "model.arch=llava" in message and what in message, message
 
 
 def _checkpoint_round_trip(rank: int, world_size: int, hf_dir: Path, root: Path) -> dict:
     """TP=2 trains a step and saves; a DP=2 trainer (another seed) loads it: the same HF tensors."""
+    from rank_pool import may_start_processes
+
     from hetrl.trainer import checkpoint
     from hetrl.trainer.exporter import iter_hf_tensors
     from hetrl.trainer.hf_convert import load_hf_checkpoint
     from hetrl.trainer.parallel import destroy_parallel
     from hetrl.trainer.policy import PolicyTrainer
-    from rank_pool import may_start_processes
 
     def tensors(trainer) -> dict:
-        return dict(iter_hf_tensors(trainer.module, FROZEN.vocab_size, pg_collection=trainer.groups.pg_collection, include_frozen=True))
+        return dict(
+            iter_hf_tensors(
+                trainer.module, FROZEN.vocab_size, pg_collection=trainer.groups.pg_collection, include_frozen=True
+            )
+        )
 
     results = {}
     for name, layout, seed in (("saved", {"tensor_parallel": 2}, 11), ("loaded", {}, 12)):
-        trainer = PolicyTrainer(FROZEN, TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, **layout),
-                                AlgorithmConfig(name="grpo", group_size=2), seed=seed, max_len=16)
+        trainer = PolicyTrainer(
+            FROZEN,
+            TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, **layout),
+            AlgorithmConfig(name="grpo", group_size=2),
+            seed=seed,
+            max_len=16,
+        )
         try:
             if name == "saved":
                 load_hf_checkpoint(trainer.module, hf_dir, trainer.groups.pg_collection)
-                trainer.train_step(trainer.make_batch(vlm_samples()).with_advantages(torch.tensor([1.0, -1.0, 0.5, -0.5])))
+                trainer.train_step(
+                    trainer.make_batch(vlm_samples()).with_advantages(torch.tensor([1.0, -1.0, 0.5, -0.5]))
+                )
                 with may_start_processes():
                     checkpoint.save_checkpoint(root, 1, trainer.model, trainer.optimizer, trainer.scheduler)
             else:
@@ -422,7 +490,12 @@ def _rl_step(rank: int, world_size: int, hf_dir: Path, layout: dict) -> dict:
         batch = policy.make_batch(samples)
         values_before = critic.compute_values(batch)
         metrics, logprobs = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)
-        return {"metrics": metrics, "logprobs": logprobs, "values_before": values_before, "values_after": critic.compute_values(batch)}
+        return {
+            "metrics": metrics,
+            "logprobs": logprobs,
+            "values_before": values_before,
+            "values_after": critic.compute_values(batch),
+        }
     finally:
         destroy_parallel()
 

@@ -15,7 +15,13 @@ from hetrl.config.base import Section
 class CriticConfig(Section):
     init: str = Field(
         "policy",
-        description="Where the value model starts: 'policy' (the policy's initial weights, the value head drawn fresh), 'fresh' "
-                    "(random init), or the path of an HF token-classification checkpoint (Llama/Qwen layout, score.weight [1, hidden]).",
+        description="Where the value model starts: 'policy' (the policy's initial weights, the value head drawn "
+        "fresh), 'fresh' "
+        "(random init), or the path of an HF token-classification checkpoint (Llama/Qwen layout, score.weight [1, "
+        "hidden]).",
     )
-    lr: float = Field(1e-5, gt=0.0, description="Peak learning rate of the value model (its schedule: trainer.lr_warmup_steps, lr_decay_style...).")
+    lr: float = Field(
+        1e-5,
+        gt=0.0,
+        description="Peak learning rate of the value model (its schedule: trainer.lr_warmup_steps, lr_decay_style...).",
+    )

@@ -55,7 +55,16 @@ def render() -> str:
         key, model = sections.pop(0)
         rows = _rows(model, f"{key}.", sections)
         doc = (model.__module__ and sys.modules[model.__module__].__doc__ or "").strip().splitlines()
-        lines += [f"## `{key}`", "", doc[0] if doc else "", "", "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+        lines += [
+            f"## `{key}`",
+            "",
+            doc[0] if doc else "",
+            "",
+            "| key | type | default | meaning |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -30,18 +30,30 @@ def _check_name(value: str, names: tuple[str, ...], kind: str) -> str:
 class TaskSourceConfig(Section):
     source: str = Field(
         "reasoning_gym",
-        description="Task source: reasoning_gym, human_eval, file (JSONL/Parquet), file_ops (terminal tasks), shapes (image questions), screen_tasks (GUI tasks).",
+        description="Task source: reasoning_gym, human_eval, file (JSONL/Parquet), file_ops (terminal tasks), shapes "
+        "(image questions), screen_tasks (GUI tasks).",
     )
-    name: str = Field("basic_arithmetic", description="reasoning_gym dataset name (e.g. basic_arithmetic, countdown, gsm_symbolic).")
+    name: str = Field(
+        "basic_arithmetic", description="reasoning_gym dataset name (e.g. basic_arithmetic, countdown, gsm_symbolic)."
+    )
     path: str | None = Field(None, description="source=file: path of the JSONL or Parquet file.")
-    size: int = Field(10000, ge=1, description="Procedural sources (reasoning_gym, file_ops, shapes, screen_tasks): tasks to draw (the stream cycles through them, reshuffled per epoch).")
+    size: int = Field(
+        10000,
+        ge=1,
+        description="Procedural sources (reasoning_gym, file_ops, shapes, screen_tasks): tasks to draw (the stream "
+        "cycles through them, reshuffled per epoch).",
+    )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms); source=shapes: questions (colour, kind, total, which_colour), min_shapes, max_shapes, fill."
+        default_factory=dict,
+        description="source=reasoning_gym: extra keyword arguments of the dataset (e.g. min_terms); source=shapes: "
+        "questions (colour, kind, total, which_colour), min_shapes, max_shapes, fill.",
     )
     answer_instruction: str | None = Field(
         None,
-        description="source=reasoning_gym or shapes: the sentence after each question that says how to format the answer; null = "
-        "the source's own (answer inside <answer></answer> tags), \"\" = none (e.g. when a warm start teaches the format).",
+        description="source=reasoning_gym or shapes: the sentence after each question that says how to format the "
+        "answer; null = "
+        'the source\'s own (answer inside <answer></answer> tags), "" = none (e.g. when a warm start teaches the '
+        "format).",
     )
 
     @field_validator("source")
@@ -50,15 +62,20 @@ class TaskSourceConfig(Section):
         return _check_name(v, TASK_SOURCE_NAMES, "task source")
 
     @model_validator(mode="after")
-    def _check_source_keys(self) -> "TaskSourceConfig":
+    def _check_source_keys(self) -> TaskSourceConfig:
         if self.source == "file" and self.path is None:
             raise ValueError("path is required when source is 'file': set it to the JSONL or Parquet file of tasks")
         if self.source != "reasoning_gym":
             if self.source != "shapes":
-                for key, value, unset in (("options", self.options or None, "{}"), ("answer_instruction", self.answer_instruction, "null")):
+                for key, value, unset in (
+                    ("options", self.options or None, "{}"),
+                    ("answer_instruction", self.answer_instruction, "null"),
+                ):
                     if value is not None:
-                        raise ValueError(f"{key} is not used by task source {self.source!r} (only by reasoning_gym and shapes): "
-                                         f"set it to {unset}")
+                        raise ValueError(
+                            f"{key} is not used by task source {self.source!r} (only by reasoning_gym and shapes): "
+                            f"set it to {unset}"
+                        )
         return self
 
 
@@ -72,25 +89,31 @@ class EnvConfig(Section):
         "training, unless they are over a quarter of its distinct tasks (the task space is too small to split): then "
         "training keeps them and the run prints the overlap and records it in summary.json (held_out_split).",
     )
-    system_prompt: str | None = Field(None, description="System message prepended to every episode; null = the environment's own.")
+    system_prompt: str | None = Field(
+        None, description="System message prepended to every episode; null = the environment's own."
+    )
     max_turns: int = Field(1, ge=1, description="Turn budget per episode.")
     max_episode_tokens: int = Field(512, ge=16, description="Token budget per episode (prompt + all turns).")
     concurrency: int | None = Field(
         None,
         ge=1,
-        description="Most episodes a rollout rank runs at once (each holds its environment: a process, a sandbox, an env "
+        description="Most episodes a rollout rank runs at once (each holds its environment: a process, a sandbox, an "
+        "env "
         "rank's slot); the others wait for a free one. null = every episode the rank is sent, which the engine batches "
         "up to rollout.max_num_seqs.",
     )
     placement: Literal["inline", "role"] = Field(
         "inline",
-        description="Where environments run: inline = inside the rollout ranks, next to the engine; role = on env-server "
+        description="Where environments run: inline = inside the rollout ranks, next to the engine; role = on "
+        "env-server "
         "ranks of their own on the CPU partition (cluster.env_workers_per_node per CPU node), which the rollout ranks "
         "drive over the control plane (only tasks, messages and step results travel; the sampled token ids stay with "
         "the rollout). Use role when environment steps are heavy (sandboxed tools, terminals) or must not share the "
         "GPU nodes' cores.",
     )
-    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts)."
+    )
 
     @field_validator("name")
     @classmethod

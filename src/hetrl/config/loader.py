@@ -35,7 +35,9 @@ class ConfigError(ValueError):
     """A recipe or override the schema rejects; the message is meant for the user, verbatim."""
 
 
-def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = (), recipes_dir: Path | None = None) -> HetrlConfig:
+def load_config(
+    recipe: str, overrides: list[str] | tuple[str, ...] = (), recipes_dir: Path | None = None
+) -> HetrlConfig:
     """Compose ``recipe`` (a name under ``recipes_dir`` or a path to a YAML file), apply overrides, validate."""
     recipes_dir = Path(recipes_dir or RECIPES_DIR)
     parsed = [_parse_override(o) for o in overrides]
@@ -103,12 +105,15 @@ def _compose(path: Path, recipes_dir: Path, group_choices: dict[str, str], depth
         if isinstance(entry, str):
             _deep_merge(tree, _compose(_recipe_path(recipes_dir, entry), recipes_dir, group_choices, depth + 1))
         elif isinstance(entry, dict) and len(entry) == 1:
-            (group, name), = entry.items()
+            ((group, name),) = entry.items()
             name = group_choices.get(group, name)
             group_file = recipes_dir / group / f"{name}.yaml"
             if not group_file.is_file():
                 options = sorted(p.stem for p in (recipes_dir / group).glob("*.yaml"))
-                raise ConfigError(f"{path}: no {group!r} named {name!r}{_did_you_mean(name, options)}; available: {', '.join(options) or 'none'}")
+                raise ConfigError(
+                    f"{path}: no {group!r} named {name!r}{_did_you_mean(name, options)}; available: "
+                    f"{', '.join(options) or 'none'}"
+                )
             _deep_merge(tree, {group: _compose(group_file, recipes_dir, {}, depth + 1)})
         else:
             raise ConfigError(f"{path}: a defaults entry is 'name' or 'group: name', got {entry!r}")
@@ -143,7 +148,10 @@ def _is_group_choice(recipes_dir: Path, key: str, value: Any) -> bool:
         return False
     if not (group_dir / f"{value}.yaml").is_file():
         options = sorted(p.stem for p in group_dir.glob("*.yaml"))
-        raise ConfigError(f"override {key}={value}: no {key!r} named {value!r}{_did_you_mean(value, options)}; available: {', '.join(options)}")
+        raise ConfigError(
+            f"override {key}={value}: no {key!r} named {value!r}{_did_you_mean(value, options)}; available: "
+            f"{', '.join(options)}"
+        )
     return True
 
 

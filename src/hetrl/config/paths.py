@@ -31,9 +31,14 @@ def check_paths(cfg: HetrlConfig) -> None:
         if Path(cfg.critic.init).exists():
             problems += _hf_checkpoint_problems("critic.init", cfg.critic.init)
         else:
-            problems.append(f"critic.init={cfg.critic.init!r} is neither 'policy' nor 'fresh' nor an existing path (an HF "
-                            "token-classification checkpoint directory)")
-    served = {"judge": ("reward.judge.model", cfg.reward.judge.model), "reward_model": ("reward.reward_model.path", cfg.reward.reward_model.path)}
+            problems.append(
+                f"critic.init={cfg.critic.init!r} is neither 'policy' nor 'fresh' nor an existing path (an HF "
+                "token-classification checkpoint directory)"
+            )
+    served = {
+        "judge": ("reward.judge.model", cfg.reward.judge.model),
+        "reward_model": ("reward.reward_model.path", cfg.reward.reward_model.path),
+    }
     for name in cfg.reward.served_models:
         key, path = served[name]
         if path != POLICY_MODEL:
@@ -49,25 +54,41 @@ def _hf_checkpoint_problems(key: str, path: str) -> list[str]:
     """What keeps ``path`` from being an HF checkpoint directory the trainer and vLLM can load."""
     directory = Path(path)
     if not directory.is_dir():
-        return [f"{key}={path!r} is not a directory: point it at an HF checkpoint directory (config.json + *.safetensors)"]
-    missing = [name for name, present in (("config.json", (directory / "config.json").is_file()),
-                                          ("*.safetensors", any(directory.glob("*.safetensors")))) if not present]
+        return [
+            f"{key}={path!r} is not a directory: point it at an HF checkpoint directory (config.json + *.safetensors)"
+        ]
+    missing = [
+        name
+        for name, present in (
+            ("config.json", (directory / "config.json").is_file()),
+            ("*.safetensors", any(directory.glob("*.safetensors"))),
+        )
+        if not present
+    ]
     return [f"{key}={path!r} has no {' and no '.join(missing)}: not an HF checkpoint directory"] if missing else []
 
 
 # What hetrl's LLaVA implements (hetrl.trainer.vision): the last ViT layer's patches, the class token
 # dropped, a GELU projector, images resized to the square without a crop. A checkpoint set up otherwise
 # would be served one way by vLLM (which reads these files) and trained another.
-_LLAVA_SETTINGS = {"model_type": "llava", "vision_feature_layer": -1, "vision_feature_select_strategy": "default",
-                   "projector_hidden_act": "gelu"}
+_LLAVA_SETTINGS = {
+    "model_type": "llava",
+    "vision_feature_layer": -1,
+    "vision_feature_select_strategy": "default",
+    "projector_hidden_act": "gelu",
+}
 
 
 def _llava_problems(path: str, image_size: int) -> list[str]:
-    """What keeps a vision-language checkpoint from being the LLaVA hetrl trains (config.json, preprocessor_config.json)."""
+    """What keeps a vision-language checkpoint from being the LLaVA hetrl trains (config.json,
+    preprocessor_config.json)."""
     directory = Path(path)
     config = json.loads((directory / "config.json").read_text())
-    problems = [f"model.hf_checkpoint={path!r}: config.json has {key}={config.get(key)!r}; hetrl's LLaVA needs {value!r}"
-                for key, value in _LLAVA_SETTINGS.items() if config.get(key, value if key != "model_type" else None) != value]
+    problems = [
+        f"model.hf_checkpoint={path!r}: config.json has {key}={config.get(key)!r}; hetrl's LLaVA needs {value!r}"
+        for key, value in _LLAVA_SETTINGS.items()
+        if config.get(key, value if key != "model_type" else None) != value
+    ]
     # transformers 5 nests the image processor in processor_config.json; older checkpoints have preprocessor_config.json
     nested, flat = directory / "processor_config.json", directory / "preprocessor_config.json"
     if nested.is_file() and "image_processor" in json.loads(nested.read_text()):
@@ -75,10 +96,15 @@ def _llava_problems(path: str, image_size: int) -> list[str]:
     elif flat.is_file():
         settings = json.loads(flat.read_text())
     else:
-        return problems + [f"model.hf_checkpoint={path!r} has no image processor settings (processor_config.json or "
-                           "preprocessor_config.json: what vLLM processes images with)"]
+        return problems + [
+            f"model.hf_checkpoint={path!r} has no image processor settings (processor_config.json or "
+            "preprocessor_config.json: what vLLM processes images with)"
+        ]
     square = {"height": image_size, "width": image_size}
     if settings.get("do_center_crop", True) or settings.get("size") != square:
-        problems.append(f"model.hf_checkpoint={path!r}: the image processor must resize to {square} without a centre crop "
-                        f"(as the trainer does), got size={settings.get('size')!r}, do_center_crop={settings.get('do_center_crop', True)!r}")
+        problems.append(
+            f"model.hf_checkpoint={path!r}: the image processor must resize to {square} without a centre crop "
+            f"(as the trainer does), got size={settings.get('size')!r}, "
+            f"do_center_crop={settings.get('do_center_crop', True)!r}"
+        )
     return problems

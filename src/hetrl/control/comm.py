@@ -176,7 +176,11 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
         _matched += 1
     still_arriving: set[tuple[int, int]] = set()
     for item in _inbox:
-        if item.comm != comm or (source is not None and item.source != source) or (tag is not None and item.tag != int(tag)):
+        if (
+            item.comm != comm
+            or (source is not None and item.source != source)
+            or (tag is not None and item.tag != int(tag))
+        ):
             continue
         if (item.source, item.tag) in still_arriving:
             continue
@@ -190,7 +194,9 @@ def poll(comm: Any, source: int | None = None, tag: Tag | None = None) -> tuple[
     return None
 
 
-def recv(comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s: float | None = None) -> tuple[Any, int, int]:
+def recv(
+    comm: Any, source: int | None = None, tag: Tag | None = None, timeout_s: float | None = None
+) -> tuple[Any, int, int]:
     """Wait for a matching message, sleeping between probes so an idle rank uses no CPU."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pauses = naps()

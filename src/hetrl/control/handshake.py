@@ -24,7 +24,9 @@ def plan_digest(ctx: RoleContext) -> str:
     return hashlib.sha256(ctx.plan.to_json().encode()).hexdigest()[:16]
 
 
-def run_handshake(ctx: RoleContext, run_dir: Path, beats: int = 2, interval_s: float = 0.05, timeout_s: float = 120.0) -> dict | None:
+def run_handshake(
+    ctx: RoleContext, run_dir: Path, beats: int = 2, interval_s: float = 0.05, timeout_s: float = 120.0
+) -> dict | None:
     """Run the handshake on every rank; the orchestrator returns the record it wrote, others None."""
     if ctx.role == "orchestrator":
         return _orchestrate(ctx, Path(run_dir), beats, timeout_s)
@@ -61,7 +63,9 @@ def _orchestrate(ctx: RoleContext, run_dir: Path, beats: int, timeout_s: float) 
             missing = sorted(set(others) - set(hellos))
             raise TimeoutError(f"handshake: no HELLO within {timeout_s:.0f} s from ranks {missing}") from None
         if obj["digest"] != digest:
-            raise RuntimeError(f"handshake: rank {source} ({obj['role']}) loaded a different plan (digest {obj['digest']} != {digest})")
+            raise RuntimeError(
+                f"handshake: rank {source} ({obj['role']}) loaded a different plan (digest {obj['digest']} != {digest})"
+            )
         hellos[source] = obj
     for rank in others:
         send(ctx.world, {"go": True}, rank, Tag.START)

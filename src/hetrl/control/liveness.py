@@ -82,7 +82,9 @@ class Beacon:
         (self.dir / "beats").mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "beats" / f"rank_{rank}.json"
         self.beat_s = beat_s
-        self.record = Beat(rank, role, role_rank, socket.gethostname(), os.getpid(), time.time(), time.time(), BUSY, "starting")
+        self.record = Beat(
+            rank, role, role_rank, socket.gethostname(), os.getpid(), time.time(), time.time(), BUSY, "starting"
+        )
         self._dumped = ""  # the id of the last dump request answered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetrl-beacon", daemon=True)
@@ -221,14 +223,29 @@ class Watchdog:
             if now - orchestrator.beat <= EXIT_GRACE_S:
                 return []
             left = [b for b in beats.values() if b.state != EXITED] or list(beats.values())
-            return [Stuck(b.rank, b.label, f"the job has not ended {now - orchestrator.beat:.0f} s after the orchestrator finished",
-                          f"{b.state}: {b.activity}", at_exit=True) for b in left]
+            return [
+                Stuck(
+                    b.rank,
+                    b.label,
+                    f"the job has not ended {now - orchestrator.beat:.0f} s after the orchestrator finished",
+                    f"{b.state}: {b.activity}",
+                    at_exit=True,
+                )
+                for b in left
+            ]
         silent, stalled = [], []
         for rank, label in self.ranks.items():
             beat = beats.get(rank)
             if beat is None:
                 if now - self.started > self.timeout_s:
-                    silent.append(Stuck(rank, f"{label} (world rank {rank})", f"never started within {self.timeout_s:.0f} s", "starting"))
+                    silent.append(
+                        Stuck(
+                            rank,
+                            f"{label} (world rank {rank})",
+                            f"never started within {self.timeout_s:.0f} s",
+                            "starting",
+                        )
+                    )
                 continue
             if beat.state == EXITED:
                 continue
@@ -237,8 +254,14 @@ class Watchdog:
             # its beat, so it looks stalled before it looks silent. Once the job is stuck, a beacon that
             # missed two beats is the better explanation: it stopped answering.
             if now - beat.beat > self.timeout_s or (stalled_too and now - beat.beat > 2 * self.poll_s):
-                silent.append(Stuck(rank, beat.label, f"stopped answering {now - beat.beat:.0f} s ago (frozen, stopped or gone)",
-                                    f"{beat.state}: {beat.activity}"))
+                silent.append(
+                    Stuck(
+                        rank,
+                        beat.label,
+                        f"stopped answering {now - beat.beat:.0f} s ago (frozen, stopped or gone)",
+                        f"{beat.state}: {beat.activity}",
+                    )
+                )
             elif stalled_too:
                 stalled.append(Stuck(rank, beat.label, f"no progress for {now - beat.progress:.0f} s", beat.activity))
         if silent or stalled:
@@ -248,9 +271,15 @@ class Watchdog:
             last = max(b.progress for b in live)
             orchestrator = beats[self.orchestrator_rank]
             if now - last > self.timeout_s and orchestrator.state != EXITED:
-                return [Stuck(self.orchestrator_rank, orchestrator.label,
-                              f"every rank has been idle for {now - last:.0f} s: the job waits on something that will not come",
-                              orchestrator.activity)]
+                return [
+                    Stuck(
+                        self.orchestrator_rank,
+                        orchestrator.label,
+                        f"every rank has been idle for {now - last:.0f} s: the job waits on something that will not "
+                        f"come",
+                        orchestrator.activity,
+                    )
+                ]
         return []
 
     def collect_stacks(self) -> list[Path]:
@@ -278,9 +307,17 @@ class Watchdog:
         lines.append(f"  Python stacks of the {len(stacks)} rank(s) still answering: {self.dir / 'stacks'}/")
         text = "\n".join(lines)
         (self.dir / "report.txt").write_text(text + "\n")
-        (self.dir / "report.json").write_text(json.dumps({"timeout_s": self.timeout_s, "time": time.time(),
-                                                          "stuck": [asdict(s) for s in stuck],
-                                                          "stacks": [str(p) for p in stacks]}, indent=1))
+        (self.dir / "report.json").write_text(
+            json.dumps(
+                {
+                    "timeout_s": self.timeout_s,
+                    "time": time.time(),
+                    "stuck": [asdict(s) for s in stuck],
+                    "stacks": [str(p) for p in stacks],
+                },
+                indent=1,
+            )
+        )
         return text
 
 

@@ -108,8 +108,14 @@ class Plan:
     def engines_on_gpu_of(self, world_rank: int) -> list[RankAssignment]:
         """The rollout engines that hold rank ``world_rank``'s (first) GPU: colocated on it."""
         rank = self.assignments[world_rank]
-        return [a for a in self.assignments if a.role == "rollout" and rank.gpus
-                and (a.component, a.node) == (rank.component, rank.node) and rank.gpus[0] in a.gpus]
+        return [
+            a
+            for a in self.assignments
+            if a.role == "rollout"
+            and rank.gpus
+            and (a.component, a.node) == (rank.component, rank.node)
+            and rank.gpus[0] in a.gpus
+        ]
 
     def engines_share_gpu_of(self, world_rank: int) -> bool:
         """Whether every rollout engine can open CUDA IPC handles of rank ``world_rank``'s GPU memory.
@@ -128,12 +134,15 @@ class Plan:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
         return cls(
-            nodes=raw["nodes"], gpus_per_node=raw["gpus_per_node"],
-            trainer=TrainerLayout(**raw["trainer"]), rollout=RolloutLayout(**raw["rollout"]),
-            num_reward_workers=raw["num_reward_workers"], num_env_workers=raw.get("num_env_workers", 0),
+            nodes=raw["nodes"],
+            gpus_per_node=raw["gpus_per_node"],
+            trainer=TrainerLayout(**raw["trainer"]),
+            rollout=RolloutLayout(**raw["rollout"]),
+            num_reward_workers=raw["num_reward_workers"],
+            num_env_workers=raw.get("num_env_workers", 0),
             num_reward_servers=raw.get("num_reward_servers", 0),
             components=tuple(Component(**{**c, "roles": tuple(c["roles"])}) for c in raw["components"]),
             assignments=tuple(RankAssignment(**{**a, "gpus": tuple(a["gpus"])}) for a in raw["assignments"]),
@@ -155,21 +164,36 @@ def make_plan(cfg: HetrlConfig) -> Plan:
 def _cpu_plan(cfg: HetrlConfig) -> Plan:
     """This machine, no GPU: one local 'node'; DP only as wide as expert parallelism needs."""
     if cfg.nodes != 1:
-        raise PlanError(f"nodes={cfg.nodes} with a CPU-only cluster profile (cluster.gpus_per_node=0): local runs use nodes=1")
+        raise PlanError(
+            f"nodes={cfg.nodes} with a CPU-only cluster profile (cluster.gpus_per_node=0): local runs use nodes=1"
+        )
     if cfg.rollout.engine_tensor_parallel != 1:
-        raise PlanError(f"rollout.engine_tensor_parallel={cfg.rollout.engine_tensor_parallel}: CPU engines run without TP; use 1")
+        raise PlanError(
+            f"rollout.engine_tensor_parallel={cfg.rollout.engine_tensor_parallel}: CPU engines run without TP; use 1"
+        )
     t = cfg.trainer
     data_parallel = t.expert_parallel
     world = t.model_parallel_size * data_parallel
     trainer = _check_trainer(cfg, nodes=1, world=world)
-    rollout = RolloutLayout("colocated" if cfg.rollout.placement == "colocated" else "disaggregated", 0, cfg.rollout.num_engines or 1, 1)
+    rollout = RolloutLayout(
+        "colocated" if cfg.rollout.placement == "colocated" else "disaggregated", 0, cfg.rollout.num_engines or 1, 1
+    )
     num_reward = max(1, cfg.cluster.cpu_nodes * cfg.cluster.reward_workers_per_node)
     num_env = max(1, cfg.cluster.cpu_nodes * env_workers_per_node(cfg)) if env_workers_per_node(cfg) else 0
     if cfg.reward.served_models and cfg.reward.server.tensor_parallel != 1:
-        raise PlanError(f"reward.server.tensor_parallel={cfg.reward.server.tensor_parallel}: CPU reward servers run without TP; use 1")
+        raise PlanError(
+            f"reward.server.tensor_parallel={cfg.reward.server.tensor_parallel}: CPU reward servers run without TP; "
+            f"use 1"
+        )
     num_servers = cfg.reward.server.replicas if cfg.reward.served_models else 0
-    role_counts = {"trainer": world, "rollout": rollout.num_engines, "reward_server": num_servers, "reward": num_reward, "env": num_env,
-                   "orchestrator": 1}
+    role_counts = {
+        "trainer": world,
+        "rollout": rollout.num_engines,
+        "reward_server": num_servers,
+        "reward": num_reward,
+        "env": num_env,
+        "orchestrator": 1,
+    }
     assignments, rank = [], 0
     for role in ROLES:
         for role_rank in range(role_counts[role]):
@@ -187,7 +211,10 @@ def env_workers_per_node(cfg: HetrlConfig) -> int:
 def _gpu_plan(cfg: HetrlConfig) -> Plan:
     gpn, nodes, r = cfg.cluster.gpus_per_node, cfg.nodes, cfg.rollout
     if gpn % r.engine_tensor_parallel:
-        raise PlanError(f"rollout.engine_tensor_parallel={r.engine_tensor_parallel} does not divide the {gpn} GPUs of a node; valid: {_divisors(gpn)}")
+        raise PlanError(
+            f"rollout.engine_tensor_parallel={r.engine_tensor_parallel} does not divide the {gpn} GPUs of a node; "
+            f"valid: {_divisors(gpn)}"
+        )
     if r.placement == "colocated":
         trainer_nodes, engine_nodes = nodes, 0
     else:
@@ -195,7 +222,8 @@ def _gpu_plan(cfg: HetrlConfig) -> Plan:
         trainer_nodes = nodes - engine_nodes
         if trainer_nodes < 1:
             raise PlanError(
-                f"rollout.placement=disaggregated with nodes={nodes} and rollout.engine_nodes={engine_nodes} leaves no trainer node; "
+                f"rollout.placement=disaggregated with nodes={nodes} and rollout.engine_nodes={engine_nodes} leaves "
+                f"no trainer node; "
                 + (f"use rollout.engine_nodes<={nodes - 1}, " if nodes > 1 else f"use nodes>={engine_nodes + 1}, ")
                 + "or rollout.placement=colocated"
             )
@@ -210,7 +238,9 @@ def _gpu_plan(cfg: HetrlConfig) -> Plan:
             f"{slots_per_node} engine slots of TP {r.engine_tensor_parallel} each; valid: {valid}"
         )
     if cfg.cluster.cpu_nodes < 1:
-        raise PlanError("reward workers, env servers and the orchestrator run on the CPU partition: set cluster.cpu_nodes >= 1")
+        raise PlanError(
+            "reward workers, env servers and the orchestrator run on the CPU partition: set cluster.cpu_nodes >= 1"
+        )
     rollout = RolloutLayout(r.placement, engine_nodes, num_engines, r.engine_tensor_parallel)
     return _assemble_gpu(cfg, trainer, rollout, engines_per_node=num_engines // nodes_with_engines)
 
@@ -236,15 +266,26 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
         if colocated:
             add_engines("train", node)
     train_tasks = gpn + (engines_per_node if colocated else 0)
-    components = [Component("train", cfg.cluster.gpu_partition, trainer.nodes, train_tasks, gpn,
-                            ("trainer", "rollout") if colocated else ("trainer",))]
+    components = [
+        Component(
+            "train",
+            cfg.cluster.gpu_partition,
+            trainer.nodes,
+            train_tasks,
+            gpn,
+            ("trainer", "rollout") if colocated else ("trainer",),
+        )
+    ]
     if not colocated:
         for node in range(rollout.nodes):
             add_engines("rollout", node)
-        components.append(Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",)))
+        components.append(
+            Component("rollout", cfg.cluster.gpu_partition, rollout.nodes, engines_per_node, gpn, ("rollout",))
+        )
     if cfg.reward.served_models:
         components.append(_reward_server_component(cfg, add))
-    # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first node.
+    # CPU partition: reward workers and env servers fill it; the (light) orchestrator is one extra task on its first
+    # node.
     cpu_nodes, rewards, envs = cfg.cluster.cpu_nodes, cfg.cluster.reward_workers_per_node, env_workers_per_node(cfg)
     per_node = rewards + envs
     # srun lays the component out with --distribution=plane=per_node: a block of per_node tasks per
@@ -253,29 +294,60 @@ def _assemble_gpu(cfg: HetrlConfig, trainer: TrainerLayout, rollout: RolloutLayo
         add(role, "cpu", index // per_node)
     add("orchestrator", "cpu", 0)
     cpu_roles = ("orchestrator", "reward", "env") if envs else ("orchestrator", "reward")
-    components.append(Component("cpu", cfg.cluster.cpu_partition, cpu_nodes, per_node + 1, 0, cpu_roles, cpu_nodes * per_node + 1,
-                                plane_block=per_node))
-    return Plan(cfg.nodes, gpn, trainer, rollout, counters["reward"], tuple(components), tuple(assignments), counters["env"],
-                counters["reward_server"])
+    components.append(
+        Component(
+            "cpu",
+            cfg.cluster.cpu_partition,
+            cpu_nodes,
+            per_node + 1,
+            0,
+            cpu_roles,
+            cpu_nodes * per_node + 1,
+            plane_block=per_node,
+        )
+    )
+    return Plan(
+        cfg.nodes,
+        gpn,
+        trainer,
+        rollout,
+        counters["reward"],
+        tuple(components),
+        tuple(assignments),
+        counters["env"],
+        counters["reward_server"],
+    )
 
 
-def _reward_server_component(cfg: HetrlConfig, add) -> Component:  # noqa: ANN001 - _assemble_gpu's add(role, component, node, gpus)
+# noqa: ANN001 - _assemble_gpu's add(role, component, node, gpus)
+def _reward_server_component(cfg: HetrlConfig, add) -> Component:
     """The judge / reward-model replicas: GPU nodes of their own, replicas filling each node's GPUs in turn."""
     server, gpn = cfg.reward.server, cfg.cluster.gpus_per_node
     if gpn % server.tensor_parallel:
-        raise PlanError(f"reward.server.tensor_parallel={server.tensor_parallel} does not divide the {gpn} GPUs of a node; "
-                        f"valid: {_divisors(gpn)}")
+        raise PlanError(
+            f"reward.server.tensor_parallel={server.tensor_parallel} does not divide the {gpn} GPUs of a node; "
+            f"valid: {_divisors(gpn)}"
+        )
     per_node = gpn // server.tensor_parallel
     nodes = -(-server.replicas // per_node)
     if server.replicas % nodes:
         valid = list(range(1, per_node + 1)) + [per_node * k for k in range(2, 5)]
-        raise PlanError(f"reward.server.replicas={server.replicas} cannot be spread evenly over {nodes} node(s) of {per_node} "
-                        f"replica(s) of TP {server.tensor_parallel}; valid: {valid}")
+        raise PlanError(
+            f"reward.server.replicas={server.replicas} cannot be spread evenly over {nodes} node(s) of {per_node} "
+            f"replica(s) of TP {server.tensor_parallel}; valid: {valid}"
+        )
     per_node = server.replicas // nodes
     for node in range(nodes):
         for slot in range(per_node):
-            add("reward_server", "reward_server", node, tuple(range(slot * server.tensor_parallel, (slot + 1) * server.tensor_parallel)))
-    return Component("reward_server", server.partition or cfg.cluster.gpu_partition, nodes, per_node, gpn, ("reward_server",))
+            add(
+                "reward_server",
+                "reward_server",
+                node,
+                tuple(range(slot * server.tensor_parallel, (slot + 1) * server.tensor_parallel)),
+            )
+    return Component(
+        "reward_server", server.partition or cfg.cluster.gpu_partition, nodes, per_node, gpn, ("reward_server",)
+    )
 
 
 def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
@@ -289,13 +361,25 @@ def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
     for name, value in checks:
         if value % tp:
             valid = [d for d in _divisors(value) if not gpn or d <= gpn]
-            raise PlanError(f"trainer.tensor_parallel={tp} does not divide model.{name}={value}; valid tensor_parallel values: {valid[:8]}")
+            raise PlanError(
+                f"trainer.tensor_parallel={tp} does not divide model.{name}={value}; valid tensor_parallel values: "
+                f"{valid[:8]}"
+            )
     if gpn and tp > gpn:
-        raise PlanError(f"trainer.tensor_parallel={tp} spans nodes ({gpn} GPUs per node); keep TP inside a node: tensor_parallel <= {gpn}")
+        raise PlanError(
+            f"trainer.tensor_parallel={tp} spans nodes ({gpn} GPUs per node); keep TP inside a node: tensor_parallel "
+            f"<= {gpn}"
+        )
     if m.num_layers % pp:
-        raise PlanError(f"trainer.pipeline_parallel={pp} does not divide model.num_layers={m.num_layers}; valid: {_divisors(m.num_layers)[:10]}")
+        raise PlanError(
+            f"trainer.pipeline_parallel={pp} does not divide model.num_layers={m.num_layers}; valid: "
+            f"{_divisors(m.num_layers)[:10]}"
+        )
     if m.is_moe and m.num_experts % ep:
-        raise PlanError(f"trainer.expert_parallel={ep} does not divide model.num_experts={m.num_experts}; valid: {_divisors(m.num_experts)}")
+        raise PlanError(
+            f"trainer.expert_parallel={ep} does not divide model.num_experts={m.num_experts}; valid: "
+            f"{_divisors(m.num_experts)}"
+        )
     model_parallel = tp * pp * cp
     if world % model_parallel:
         raise PlanError(
@@ -304,21 +388,31 @@ def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
         )
     if world % (tp * pp * ep):
         raise PlanError(
-            f"{world} trainer GPUs are not divisible by TP x PP x EP = {tp} x {pp} x {ep} = {tp * pp * ep} (expert-parallel groups)"
+            f"{world} trainer GPUs are not divisible by TP x PP x EP = {tp} x {pp} x {ep} = {tp * pp * ep} "
+            f"(expert-parallel groups)"
             + _nearby_nodes_hint(cfg, lambda w: w % model_parallel == 0 and w % (tp * pp * ep) == 0)
         )
     dp = world // model_parallel
     # Every data-parallel rank needs a sample of every minibatch (trainer/batch.py shard_for_data_parallel).
     minibatch = cfg.run.prompts_per_step * cfg.algorithm.group_size // t.updates_per_batch
     if minibatch < dp:
-        raise PlanError(f"each minibatch of {minibatch} samples (run.prompts_per_step x algorithm.group_size / trainer.updates_per_batch) "
-                        f"cannot feed the trainer's {dp} data-parallel ranks: raise run.prompts_per_step or lower trainer.updates_per_batch")
+        raise PlanError(
+            f"each minibatch of {minibatch} samples (run.prompts_per_step x algorithm.group_size / "
+            f"trainer.updates_per_batch) "
+            f"cannot feed the trainer's {dp} data-parallel ranks: raise run.prompts_per_step or lower "
+            f"trainer.updates_per_batch"
+        )
     if t.shared_prompts and cfg.run.prompts_per_step // t.updates_per_batch < dp:
-        raise PlanError(f"trainer.shared_prompts keeps a group's samples on one data-parallel rank: each minibatch's "
-                        f"{cfg.run.prompts_per_step // t.updates_per_batch} groups cannot feed {dp} ranks; raise run.prompts_per_step")
+        raise PlanError(
+            f"trainer.shared_prompts keeps a group's samples on one data-parallel rank: each minibatch's "
+            f"{cfg.run.prompts_per_step // t.updates_per_batch} groups cannot feed {dp} ranks; raise "
+            f"run.prompts_per_step"
+        )
     if cfg.warm_start.steps and cfg.warm_start.batch_size < dp:
-        raise PlanError(f"warm_start.batch_size={cfg.warm_start.batch_size} cannot feed the trainer's {dp} data-parallel ranks: "
-                        f"use warm_start.batch_size >= {dp}")
+        raise PlanError(
+            f"warm_start.batch_size={cfg.warm_start.batch_size} cannot feed the trainer's {dp} data-parallel ranks: "
+            f"use warm_start.batch_size >= {dp}"
+        )
     return TrainerLayout(nodes, world, tp, pp, cp, ep, dp)
 
 

@@ -78,7 +78,9 @@ def stop() -> None:
 def record(name: str, t0: float, t1: float, step: int | None = None) -> None:
     """A span of this rank's work from ``t0`` to ``t1`` (``time.time()``); ``step`` for the orchestrator's ``step``."""
     if _writer is not None:
-        _writer.write({"span": name, "t0": t0, "t1": t1} if step is None else {"span": name, "t0": t0, "t1": t1, "step": step})
+        _writer.write(
+            {"span": name, "t0": t0, "t1": t1} if step is None else {"span": name, "t0": t0, "t1": t1, "step": step}
+        )
 
 
 @contextmanager

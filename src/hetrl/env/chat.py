@@ -70,7 +70,10 @@ class ChatCodec:
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):
-                text = "".join(self.image_placeholder if p.get("type") == "image" else self._text(p.get("text", "")) for p in content)
+                text = "".join(
+                    self.image_placeholder if p.get("type") == "image" else self._text(p.get("text", ""))
+                    for p in content
+                )
                 m = {**m, "content": text}
             elif content is None:
                 m = {**m, "content": ""}
@@ -100,9 +103,11 @@ class ChatCodec:
         opened = self.render(user, add_generation_prompt=True)
         closed = self.render(user + [{"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
         if not closed.startswith(opened) or _SENTINEL not in closed:
-            raise ValueError("the chat template does not render an assistant turn after its generation prompt; "
-                             "token-in-token-out needs a template whose generation prompt opens the assistant turn")
-        return closed[closed.index(_SENTINEL) + len(_SENTINEL):]
+            raise ValueError(
+                "the chat template does not render an assistant turn after its generation prompt; "
+                "token-in-token-out needs a template whose generation prompt opens the assistant turn"
+            )
+        return closed[closed.index(_SENTINEL) + len(_SENTINEL) :]
 
     # --- the three conversions the runner needs ------------------------------------------------
     def prompt_ids(self, messages: list[Message]) -> list[int]:
@@ -115,7 +120,9 @@ class ChatCodec:
             response_ids = response_ids[:-1]
         return self.decode(response_ids)
 
-    def observation_ids(self, history: list[Message], observations: list[Message], response_ids: list[int]) -> list[int]:
+    def observation_ids(
+        self, history: list[Message], observations: list[Message], response_ids: list[int]
+    ) -> list[int]:
         """Ids to append after the policy's ``response_ids`` so the sequence continues as the template would.
 
         ``history`` ends with the assistant message just generated; the result closes that turn
@@ -126,7 +133,7 @@ class ChatCodec:
         if response_ids and response_ids[-1] in self.stop_ids:
             emitted = self.decode(response_ids[-1:])
             if closer.startswith(emitted):
-                closer = closer[len(emitted):]
+                closer = closer[len(emitted) :]
         return self.encode(closer + self._delta(history, observations))
 
     def _delta(self, history: list[Message], observations: list[Message]) -> str:
@@ -135,6 +142,8 @@ class ChatCodec:
             before = self.render(base, add_generation_prompt=False)
             after = self.render(base + observations, add_generation_prompt=True)
             if after.startswith(before):
-                return after[len(before):]
-        raise ValueError("the chat template renders observations differently depending on the conversation; "
-                         "cannot append them as a token delta")
+                return after[len(before) :]
+        raise ValueError(
+            "the chat template renders observations differently depending on the conversation; "
+            "cannot append them as a token delta"
+        )

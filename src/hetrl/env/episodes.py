@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from hetrl.env.base import Environment
 from hetrl.env.chat import ChatCodec
@@ -49,8 +50,16 @@ def group_items(group_id: str, task: Any, seed: int, group_size: int) -> list[Ep
 class EpisodeRunner:
     """Runs episodes concurrently, at most ``concurrency`` at once (None: all it is given), on one event loop."""
 
-    def __init__(self, make_env: Callable[[], Environment], codec: ChatCodec, generate: GenerateFn, *,
-                 max_turns: int, max_episode_tokens: int, concurrency: int | None = None) -> None:
+    def __init__(
+        self,
+        make_env: Callable[[], Environment],
+        codec: ChatCodec,
+        generate: GenerateFn,
+        *,
+        max_turns: int,
+        max_episode_tokens: int,
+        concurrency: int | None = None,
+    ) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 or None, got {concurrency}")
         self.make_env, self.codec, self.generate = make_env, codec, generate
@@ -111,8 +120,18 @@ class EpisodeRunner:
         env = self.make_env()
         try:
             try:
-                sample = await run_episode(env, item.task, item.seed, self.generate, self.codec, sampling, self.max_turns,
-                                           self.max_episode_tokens, item.sample_id, item.group_id)
+                sample = await run_episode(
+                    env,
+                    item.task,
+                    item.seed,
+                    self.generate,
+                    self.codec,
+                    sampling,
+                    self.max_turns,
+                    self.max_episode_tokens,
+                    item.sample_id,
+                    item.group_id,
+                )
             finally:
                 await env.close()
         except EnvServerLost as lost:

@@ -35,7 +35,7 @@ class CodeRunner(Protocol):
         files: dict[str, str | bytes] | None = None,
         stdin: str | bytes | None = None,
         channel: bool = False,
-    ) -> "ExecutionResult": ...
+    ) -> ExecutionResult: ...
 
 
 class SandboxRunner:
@@ -45,8 +45,11 @@ class SandboxRunner:
     the event loop free for the other episodes.
     """
 
-    def __init__(self, pool: "SandboxPool | None" = None, config: "SandboxConfig | None" = None, **pool_options: Any) -> None:
-        """Over ``pool``, or a pool built from ``config`` (a ``SandboxConfig``) or from ``pool_options`` (its fields)."""
+    def __init__(
+        self, pool: SandboxPool | None = None, config: SandboxConfig | None = None, **pool_options: Any
+    ) -> None:
+        """Over ``pool``, or a pool built from ``config`` (a ``SandboxConfig``) or from ``pool_options`` (its
+        fields)."""
         if (pool is not None) + (config is not None) + bool(pool_options) > 1:
             raise ValueError("pass one of a SandboxPool, a SandboxConfig or options to build one")
         if pool is None:
@@ -56,7 +59,7 @@ class SandboxRunner:
             pool = SandboxPool(config if config is not None else SandboxConfig(**pool_options))
         self.pool = pool
 
-    async def run(self, code=None, *, argv=None, files=None, stdin=None, channel=False) -> "ExecutionResult":
+    async def run(self, code=None, *, argv=None, files=None, stdin=None, channel=False) -> ExecutionResult:
         future = self.pool.submit(code, argv=argv, files=files, stdin=stdin, channel=channel)
         return await asyncio.wrap_future(future)
 
@@ -64,7 +67,7 @@ class SandboxRunner:
         self.pool.close()
 
 
-def describe_failure(result: "ExecutionResult", max_chars: int = 1500) -> str:
+def describe_failure(result: ExecutionResult, max_chars: int = 1500) -> str:
     """A compact observation text for a failed execution (the tail of stderr is what explains it)."""
     if result.timeout:
         head = "timed out"

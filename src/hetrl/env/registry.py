@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hetrl.config.env import EnvConfig, TaskSourceConfig
 from hetrl.config.reward import SandboxConfig
@@ -59,12 +60,16 @@ def shared_runner(sandbox: SandboxConfig) -> CodeRunner:
 
         _shared = (sandbox, SandboxRunner(config=sandbox))
     elif _shared[0] != sandbox:
-        raise RuntimeError("this process's environment sandbox was built with other reward.sandbox settings; one pool serves "
-                           "every episode of a process")
+        raise RuntimeError(
+            "this process's environment sandbox was built with other reward.sandbox settings; one pool serves "
+            "every episode of a process"
+        )
     return _shared[1]
 
 
-def env_factory(cfg: EnvConfig, runner: CodeRunner | None = None, sandbox: SandboxConfig | None = None) -> Callable[[], Environment]:
+def env_factory(
+    cfg: EnvConfig, runner: CodeRunner | None = None, sandbox: SandboxConfig | None = None
+) -> Callable[[], Environment]:
     """A zero-argument constructor of fresh environments (one per concurrent episode) for ``cfg``.
 
     Environments that run code use ``runner``, else the process's shared runner with the
@@ -105,8 +110,10 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
         return cls(size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
     for key, value in (("options", cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
         if value is not None:
-            raise ValueError(f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym and shapes): "
-                             f"set it to {'{}' if key == 'options' else 'null'}")
+            raise ValueError(
+                f"env.tasks.{key} is not used by task source {cfg.source!r} (only by reasoning_gym and shapes): "
+                f"set it to {'{}' if key == 'options' else 'null'}"
+            )
     return cls() if cfg.source == "human_eval" else cls(size=cfg.size, seed=seed)
 
 

@@ -21,8 +21,9 @@ import itertools
 import multiprocessing as mp
 import threading
 import traceback
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from hetrl.config.env import EnvConfig
 from hetrl.env.base import Environment, Message, StepResult, Task
@@ -190,7 +191,7 @@ class EnvProcessPool:
             if process.is_alive():
                 process.terminate()
 
-    def __enter__(self) -> "EnvProcessPool":
+    def __enter__(self) -> EnvProcessPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,8 +14,9 @@ engine gave up on the request).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from hetrl.env.base import Environment, Message, Task
 from hetrl.env.chat import ChatCodec
@@ -28,12 +29,18 @@ GenerateFn = Callable[..., Awaitable[GenerationResult]]
 
 def images_of(messages: list[Message]) -> list[Any]:
     """The images of a conversation's messages, in the order their placeholders are tokenised."""
-    return [p["image"] for m in messages if isinstance(m.get("content"), list)
-            for p in m["content"] if p.get("type") == "image" and "image" in p]
+    return [
+        p["image"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == "image" and "image" in p
+    ]
 
 
 def _as_text(messages: list[Message]) -> list[dict[str, str]]:
     """The conversation with each message's content as text (an image part becomes ``<image>``)."""
+
     def text(content: Any) -> str:
         if isinstance(content, str):
             return content
@@ -54,8 +61,10 @@ class _Trajectory:
     def add_policy(self, result: GenerationResult) -> None:
         n = len(result.response_ids)
         if len(result.logprobs) != n or len(result.versions) != n:
-            raise ValueError(f"engine result {result.request_id}: {n} tokens but {len(result.logprobs)} log-probs "
-                             f"and {len(result.versions)} versions")
+            raise ValueError(
+                f"engine result {result.request_id}: {n} tokens but {len(result.logprobs)} log-probs "
+                f"and {len(result.versions)} versions"
+            )
         self.ids += result.response_ids
         self.mask += [1] * n
         self.logprobs += result.logprobs
@@ -134,13 +143,24 @@ async def run_episode(
     info[CONVERSATION_KEY] = _as_text(messages)  # what a judge or a reward model reads (hetrl.reward.base.conversation)
     scored = [r for r in info["turn_rewards"] if r is not None]
     return Sample(
-        sample_id=sample_id, group_id=group_id, task_name=task.source,
-        prompt_ids=prompt_ids, completion_ids=traj.ids, loss_mask=traj.mask,
-        logprobs=traj.logprobs, versions=traj.versions, finish_reason=finish_reason,
-        prompt_text=codec.decode(prompt_ids), completion_text=codec.decode(traj.ids),
-        answer=task.answer, rewards={ENV_REWARD_KEY: float(sum(scored))} if scored else {},
-        num_turns=num_turns, num_tool_calls=int(info.get("num_tool_calls", 0)), info=info,
-        images=[to_png(image) for image in images], routed_experts=routed_experts,  # PNG: a fraction of a PIL image's pickle
+        sample_id=sample_id,
+        group_id=group_id,
+        task_name=task.source,
+        prompt_ids=prompt_ids,
+        completion_ids=traj.ids,
+        loss_mask=traj.mask,
+        logprobs=traj.logprobs,
+        versions=traj.versions,
+        finish_reason=finish_reason,
+        prompt_text=codec.decode(prompt_ids),
+        completion_text=codec.decode(traj.ids),
+        answer=task.answer,
+        rewards={ENV_REWARD_KEY: float(sum(scored))} if scored else {},
+        num_turns=num_turns,
+        num_tool_calls=int(info.get("num_tool_calls", 0)),
+        info=info,
+        images=[to_png(image) for image in images],
+        routed_experts=routed_experts,  # PNG: a fraction of a PIL image's pickle
     )
 
 

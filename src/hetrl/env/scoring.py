@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from hetrl.env.base import Task
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hetrl.env.base import Task
 from hetrl.env.chat import ChatCodec
@@ -30,15 +31,21 @@ class ScriptedPolicy:
         self._ids = itertools.count()
         self._eos = codec.tokenizer.eos_token_id
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult:
         reply_ids = self.codec.encode(self.script(self.codec.decode(prompt_ids))) + [self._eos]
         finish = "stop"
         if len(reply_ids) > sampling.max_tokens:
             reply_ids, finish = reply_ids[: sampling.max_tokens], "length"
         result = GenerationResult(
-            request_id=f"scripted-{next(self._ids)}", sample_index=0, prompt_ids=list(prompt_ids),
-            response_ids=reply_ids, logprobs=[-0.01 * (1 + t % 7) for t in reply_ids],
-            versions=[self.version] * len(reply_ids), finish_reason=finish,
+            request_id=f"scripted-{next(self._ids)}",
+            sample_index=0,
+            prompt_ids=list(prompt_ids),
+            response_ids=reply_ids,
+            logprobs=[-0.01 * (1 + t % 7) for t in reply_ids],
+            versions=[self.version] * len(reply_ids),
+            finish_reason=finish,
         )
         if self.record:
             self.calls.append((list(prompt_ids), result))
@@ -75,7 +82,11 @@ def _select_removed(listing: ListBox, want: list[str]) -> list[str]:
 
 
 _SETTERS: dict[type[Widget], Callable[[Any, Any], list[str]]] = {
-    TextField: _set_field, Checkbox: _set_checkbox, Dropdown: _set_dropdown, ListBox: _select_removed}
+    TextField: _set_field,
+    Checkbox: _set_checkbox,
+    Dropdown: _set_dropdown,
+    ListBox: _select_removed,
+}
 
 
 def screen_plan(task: Task) -> list[str]:

@@ -23,13 +23,21 @@ import json
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hetrl.env.base import Message
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
-                               list: "array", tuple: "array", dict: "object"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    tuple: "array",
+    dict: "object",
+}
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 MAX_RESULT_CHARS = 4000  # a tool's output is truncated beyond this: observations share the token budget
 
@@ -62,7 +70,9 @@ def _json_schema(annotation: Any) -> dict[str, Any]:
         return {"type": "array", "items": _json_schema(args[0])} if args else {"type": "array"}
     base = origin or annotation
     if base not in _JSON_TYPES:
-        raise TypeError(f"tool parameters must be str/int/float/bool/list/dict (or Optional of them), got {annotation!r}")
+        raise TypeError(
+            f"tool parameters must be str/int/float/bool/list/dict (or Optional of them), got {annotation!r}"
+        )
     return {"type": _JSON_TYPES[base]}
 
 
@@ -111,23 +121,28 @@ class Tool:
         return await asyncio.to_thread(self.fn, **arguments)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function_schema(fn: Callable[..., Any], name: str, bound: bool) -> dict[str, Any]:
     description, arg_docs = _docstring_parts(inspect.getdoc(fn) or "")
     if not description:
         raise ValueError(f"tool {name}: the function needs a docstring (it is the tool's description)")
     hints = typing.get_type_hints(fn)
     properties, required = {}, []
-    params = list(inspect.signature(fn).parameters.items())[1 if bound else 0:]  # drop self
+    params = list(inspect.signature(fn).parameters.items())[1 if bound else 0 :]  # drop self
     for pname, param in params:
         if pname not in hints:
             raise TypeError(f"tool {name}: parameter {pname!r} needs a type hint")
         properties[pname] = {**_json_schema(hints[pname]), "description": arg_docs.get(pname, "")}
         if param.default is inspect.Parameter.empty:
             required.append(pname)
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def _matches(value: Any, json_type: str) -> bool:
@@ -159,9 +174,11 @@ class ToolRegistry:
     def describe(self) -> str:
         """System-prompt text announcing the tools in the Hermes format (works with any chat template)."""
         listing = "\n".join(json.dumps(s) for s in self.schemas())
-        return ("You can call tools. Available tools:\n<tools>\n" + listing + "\n</tools>\n"
-                'To call one, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>. '
-                "Answer without a tool call when you are done.")
+        return (
+            "You can call tools. Available tools:\n<tools>\n" + listing + "\n</tools>\n"
+            'To call one, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>. '
+            "Answer without a tool call when you are done."
+        )
 
     async def call(self, call: ToolCall) -> tuple[str, bool]:
         """(result text, ok). Unknown tools, bad arguments and exceptions give ok=False and an error text."""
@@ -183,8 +200,10 @@ class ToolRegistry:
     async def execute(self, parsed: ParsedCalls) -> tuple[list[Message], int]:
         """Tool observation messages for every parsed call and every malformed one; also the error count."""
         results = await asyncio.gather(*(self.call(c) for c in parsed.calls))
-        messages = [{"role": "tool", "name": c.name, "tool_call_id": c.call_id, "content": text}
-                    for c, (text, _) in zip(parsed.calls, results)]
+        messages = [
+            {"role": "tool", "name": c.name, "tool_call_id": c.call_id, "content": text}
+            for c, (text, _) in zip(parsed.calls, results)
+        ]
         messages += [{"role": "tool", "name": "error", "content": f"error: {e}"} for e in parsed.errors]
         return messages, len(parsed.errors) + sum(not ok for _, ok in results)
 

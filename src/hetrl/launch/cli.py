@@ -140,7 +140,9 @@ def eval_command(args: list[str], console: Console) -> int:
     checkpoint = next((w.split("=", 1)[1] for w in words if w.startswith("checkpoint=")), None)
     loose = [w for w in words if "=" not in w or w.startswith("--")]
     if loose or not checkpoint:
-        console.print(f"error: eval needs checkpoint=PATH and key=value words, got {' '.join(args)!r}\n{USAGE}", markup=False)
+        console.print(
+            f"error: eval needs checkpoint=PATH and key=value words, got {' '.join(args)!r}\n{USAGE}", markup=False
+        )
         return 2
     recipe = next((w.split("=", 1)[1] for w in words if w.startswith("recipe=")), "tiny_grpo")
     overrides = [w for w in words if not w.startswith(("recipe=", "checkpoint="))]
@@ -162,7 +164,10 @@ def export_command(args: list[str], console: Console) -> int:
     unknown = sorted(set(values) - {"step", "out"})
     step = values.get("step")
     if len(runs) != 1 or unknown or not values.get("out") or (step is not None and not step.isdigit()):
-        console.print(f"error: export needs one RUN_DIR, out=DIR and optionally step=N, got {' '.join(args)!r}\n{USAGE}", markup=False)
+        console.print(
+            f"error: export needs one RUN_DIR, out=DIR and optionally step=N, got {' '.join(args)!r}\n{USAGE}",
+            markup=False,
+        )
         return 2
     from hetrl.loop.export import CheckpointError, export_run
 

@@ -52,8 +52,14 @@ def threads_per_role(cfg: HetrlConfig, plan: Plan) -> dict[str, int]:
     return {role: (1 if role in light else heavy_threads) for role in plan.role_sizes()}
 
 
-def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = sys.executable, check: bool = False,
-                    terminal: os.terminal_size | None = None) -> list[str]:
+def mpiexec_command(
+    cfg: HetrlConfig,
+    plan: Plan,
+    run_dir: Path,
+    python: str = sys.executable,
+    check: bool = False,
+    terminal: os.terminal_size | None = None,
+) -> list[str]:
     """MPMD command: one ``-n K ... worker`` segment per run of consecutive ranks of a role.
 
     ``terminal``: the size of the terminal the job's output goes to, if it goes to one. The
@@ -65,9 +71,31 @@ def mpiexec_command(cfg: HetrlConfig, plan: Plan, run_dir: Path, python: str = s
     for index, (role, ranks) in enumerate(segments):
         t = str(threads[role])
         command += [] if index == 0 else [":"]
-        command += ["-n", str(len(list(ranks))), "-env", "OMP_NUM_THREADS", t, "-env", "HETRL_THREADS", t, "-env", "HETRL_ROLE", role]
+        command += [
+            "-n",
+            str(len(list(ranks))),
+            "-env",
+            "OMP_NUM_THREADS",
+            t,
+            "-env",
+            "HETRL_THREADS",
+            t,
+            "-env",
+            "HETRL_ROLE",
+            role,
+        ]
         if role == "orchestrator" and terminal is not None:
-            command += ["-env", TERMINAL_ENV, "1", "-env", "COLUMNS", str(terminal.columns), "-env", "LINES", str(terminal.lines)]
+            command += [
+                "-env",
+                TERMINAL_ENV,
+                "1",
+                "-env",
+                "COLUMNS",
+                str(terminal.columns),
+                "-env",
+                "LINES",
+                str(terminal.lines),
+            ]
         command += [python, "-m", "hetrl.launch.worker", "--run-dir", str(run_dir)]
         command += ["--check"] if check else []
     return command
@@ -108,7 +136,11 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     try:
         while True:
             try:
-                code = proc.wait(timeout=min(watchdog.poll_s, max(0.0, kill_at[0] - time.monotonic())) if received else watchdog.poll_s)
+                code = proc.wait(
+                    timeout=min(watchdog.poll_s, max(0.0, kill_at[0] - time.monotonic()))
+                    if received
+                    else watchdog.poll_s
+                )
                 break
             except subprocess.TimeoutExpired:
                 pass

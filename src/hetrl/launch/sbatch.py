@@ -131,7 +131,9 @@ def _directives(components: tuple[Component, ...], cluster: ClusterConfig, run_d
 def _component_directives(component: Component, cluster: ClusterConfig) -> list[str]:
     """Account/QoS/time/reservation on every component (each hetjob component is its own job record)."""
     total = component.total_tasks
-    lines = [f"# component `{component.name}`: {', '.join(component.roles)}; {component.nodes} node(s), {total} task(s)"]
+    lines = [
+        f"# component `{component.name}`: {', '.join(component.roles)}; {component.nodes} node(s), {total} task(s)"
+    ]
     lines.append(_directive("time", cluster.time_limit))
     for flag, value in (("account", cluster.account), ("qos", cluster.qos), ("reservation", cluster.reservation)):
         if value is not None:
@@ -160,18 +162,26 @@ def cpus_per_task(component: Component, cluster: ClusterConfig) -> int:
 def _vars(cluster: ClusterConfig, run_dir: str, python: str) -> str:
     lines = [f"RUN_DIR={shlex.quote(run_dir)}"]
     if cluster.container is None:
-        lines += [f"PYTHON={shlex.quote(python)}", 'BATCH_PYTHON=("$PYTHON")  # runs the watchdog on this (the batch) host']
+        lines += [
+            f"PYTHON={shlex.quote(python)}",
+            'BATCH_PYTHON=("$PYTHON")  # runs the watchdog on this (the batch) host',
+        ]
     else:
         # apptainer --bind specs are comma-separated `src[:dst[:opts]]` lists.
         if "," in run_dir or ":" in run_dir:
-            raise ValueError(f"run_dir={run_dir!r}: apptainer --bind cannot take a path with ',' or ':'; rename the run dir")
+            raise ValueError(
+                f"run_dir={run_dir!r}: apptainer --bind cannot take a path with ',' or ':'; rename the run dir"
+            )
         for bind in cluster.container_binds:
             if "," in bind:
                 raise ValueError(f"cluster.container_binds entry {bind!r}: one bind per entry, no ','")
         binds = " ".join(f"--bind {shlex.quote(bind)}" for bind in cluster.container_binds)
-        lines += ["PYTHON=python  # the image's interpreter", f"CONTAINER_IMAGE={shlex.quote(cluster.container)}",
-                  f'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" {binds + " " if binds else ""}"$CONTAINER_IMAGE" python)'
-                  "  # runs the watchdog on this (the batch) host"]
+        lines += [
+            "PYTHON=python  # the image's interpreter",
+            f"CONTAINER_IMAGE={shlex.quote(cluster.container)}",
+            f'BATCH_PYTHON=(apptainer exec --bind "$RUN_DIR" {binds + " " if binds else ""}"$CONTAINER_IMAGE" python)'
+            "  # runs the watchdog on this (the batch) host",
+        ]
     return "\n".join(lines)
 
 
@@ -192,7 +202,10 @@ def _component_command(component: Component, cluster: ClusterConfig) -> str:
         # Uneven components (the CPU one's extra orchestrator task): plane keeps the plan's block
         # order, node 0 first, the extra task wrapping to node 0; plain --ntasks would pack tasks by
         # free CPUs instead.
-        words += [f"--ntasks={component.total_tasks}", f"--distribution=plane={component.plane_block or component.tasks_per_node}"]
+        words += [
+            f"--ntasks={component.total_tasks}",
+            f"--distribution=plane={component.plane_block or component.tasks_per_node}",
+        ]
     # Threads sized to the rank's cores: library defaults take every core of the node per rank,
     # and oversubscribed ranks run 20-40x slower.
     threads = cpus_per_task(component, cluster)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 import submitit
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
@@ -40,11 +41,23 @@ SUBMITIT_DIR = "submitit"
 # sacct states after which the job will not run again (REQUEUED/PREEMPTED are not final).
 # squeue reasons of a pending job that can never start as submitted (sites without
 # EnforcePartLimits accept such jobs and let them pend forever).
-NEVER_STARTS = frozenset({
-    "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints", "InvalidAccount", "InvalidQOS",
-    "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit", "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit",
-})
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"})
+NEVER_STARTS = frozenset(
+    {
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+    }
+)
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+)
 
 
 class SlurmSubmitError(RuntimeError):
@@ -148,7 +161,14 @@ class HetJobExecutor(submitit.SlurmExecutor):
             raise SlurmSubmitError(explain_sbatch_error(str(err))) from None
 
 
-def submit(plan: Plan, cluster: ClusterConfig, run_dir: str | os.PathLike[str], *, job_name: str = "hetrl", python: str | None = None) -> str:
+def submit(
+    plan: Plan,
+    cluster: ClusterConfig,
+    run_dir: str | os.PathLike[str],
+    *,
+    job_name: str = "hetrl",
+    python: str | None = None,
+) -> str:
     """Render ``run_dir/job.sbatch``, submit it, record and return the Slurm job id.
 
     ``run_dir`` must already hold config.yaml and plan.json (the worker reads them).
@@ -156,14 +176,21 @@ def submit(plan: Plan, cluster: ClusterConfig, run_dir: str | os.PathLike[str], 
     run_dir = Path(run_dir).resolve()
     for name in (rundir.CONFIG, rundir.PLAN):
         if not (run_dir / name).is_file():
-            raise FileNotFoundError(f"{run_dir / name} is missing: save the resolved config and the plan before submitting")
+            raise FileNotFoundError(
+                f"{run_dir / name} is missing: save the resolved config and the plan before submitting"
+            )
     _require_tools("sbatch")
     options = {"job_name": job_name} if python is None else {"job_name": job_name, "python": python}
     script = write_sbatch(plan, cluster, run_dir, **options)
     (run_dir / rundir.LOGS).mkdir(exist_ok=True)
     job = HetJobExecutor(run_dir, script.read_text()).submit_script()
     _refuse_if_never_starts(job.job_id)
-    record = {"job_id": job.job_id, "script": SCRIPT_NAME, "submitted_at": time.time(), "components": len(plan.components)}
+    record = {
+        "job_id": job.job_id,
+        "script": SCRIPT_NAME,
+        "submitted_at": time.time(),
+        "components": len(plan.components),
+    }
     (run_dir / JOB_FILE).write_text(json.dumps(record, indent=1))
     return job.job_id
 
@@ -247,10 +274,16 @@ def explain_sbatch_error(stderr: str) -> str:
     """Slurm's words plus the hetrl key that fixes the problem."""
     slurm_says = " ".join(line.strip() for line in stderr.splitlines() if "error" in line.lower()) or stderr.strip()
     hints = [
-        (r"invalid partition", "check cluster.gpu_partition / cluster.cpu_partition; partitions here: " + _partitions()),
-        (r"node configuration is not available|node count specification invalid|more processors requested|too many|PartitionNodeLimit|PartitionConfig",
-         "the request is larger than the partition: lower nodes= (or cluster.cpu_nodes, cluster.gpus_per_node, "
-         "cluster.reward_workers_per_node); partitions here: " + _partitions()),
+        (
+            r"invalid partition",
+            "check cluster.gpu_partition / cluster.cpu_partition; partitions here: " + _partitions(),
+        ),
+        (
+            r"node configuration is not available|node count specification invalid|more processors requested|too "
+            r"many|PartitionNodeLimit|PartitionConfig",
+            "the request is larger than the partition: lower nodes= (or cluster.cpu_nodes, cluster.gpus_per_node, "
+            "cluster.reward_workers_per_node); partitions here: " + _partitions(),
+        ),
         (r"invalid account|account", "check cluster.account (sacctmgr show assoc user=$USER lists yours)"),
         (r"qos", "check cluster.qos (sacctmgr show qos)"),
         (r"time limit", "lower cluster.time_limit below the partition's MaxTime (scontrol show partition)"),
@@ -266,7 +299,10 @@ def _partitions() -> str:
         return "(sinfo not found)"
     done = subprocess.run(["sinfo", "-h", "-o", "%P %D %G"], capture_output=True, text=True)
     rows = [" ".join(line.split()) for line in done.stdout.splitlines() if line.strip()]
-    return "; ".join(f"{r.split()[0]} ({r.split()[1]} nodes, gres {r.split()[2]})" for r in rows if len(r.split()) == 3) or "(none)"
+    return (
+        "; ".join(f"{r.split()[0]} ({r.split()[1]} nodes, gres {r.split()[2]})" for r in rows if len(r.split()) == 3)
+        or "(none)"
+    )
 
 
 def _restarts(job_id: str) -> int:
@@ -305,10 +341,22 @@ def _refuse_if_never_starts(job_id: str, settle_s: float = 3.0) -> None:
 def _require_tools(*tools: str) -> None:
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        raise RuntimeError(f"{', '.join(missing)} not found on PATH: run on a Slurm login node (or start slurm/local/cluster.sh)")
+        raise RuntimeError(
+            f"{', '.join(missing)} not found on PATH: run on a Slurm login node (or start slurm/local/cluster.sh)"
+        )
 
 
 __all__ = [
-    "HetJobExecutor", "JobStatus", "ComponentStatus", "SlurmSubmitError", "submit", "status", "wait", "logs",
-    "log_files", "cancel", "job_id_of", "explain_sbatch_error",
+    "HetJobExecutor",
+    "JobStatus",
+    "ComponentStatus",
+    "SlurmSubmitError",
+    "submit",
+    "status",
+    "wait",
+    "logs",
+    "log_files",
+    "cancel",
+    "job_id_of",
+    "explain_sbatch_error",
 ]

@@ -3,7 +3,8 @@
 It watches the job step's ranks (see :mod:`hetrl.control.liveness`) while the step runs. On a
 hang it collects the stacks, writes ``RUN/hang/report.txt``, decides whether the run may be
 restarted (at most ``monitor.hang_restarts`` times in a row without a newer checkpoint: a
-deterministic hang must not loop until the allocation's walltime), writes :data:`hetrl.control.rundir.REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
+deterministic hang must not loop until the allocation's walltime), writes
+:data:`hetrl.control.rundir.REQUEUE_AFTER_HANG` if so, and kills the step's tasks. The
 batch script then requeues the job, which resumes from its last checkpoint, as after a pre-emption.
 """
 
@@ -86,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             elif record_restart(args.run_dir, cfg.monitor.hang_restarts):
                 (rundir.hang_dir(args.run_dir) / rundir.REQUEUE_AFTER_HANG).write_text("\n")
             else:
-                print(f"[hetrl] the run hung {cfg.monitor.hang_restarts + 1} times in a row without a new checkpoint: not requeued",
-                      flush=True)
+                print(
+                    f"[hetrl] the run hung {cfg.monitor.hang_restarts + 1} times in a row without a new checkpoint: "
+                    f"not requeued",
+                    flush=True,
+                )
         finally:
             _kill_step(args.step_pid)
         return liveness.HANG_EXIT_CODE

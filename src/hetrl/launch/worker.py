@@ -85,8 +85,9 @@ def keep_stdout(terminal: bool) -> None:
     """
     sys.stdout.flush()
     binary = os.fdopen(os.dup(1), "wb")
-    sys.stdout = (_Terminal if terminal else io.TextIOWrapper)(binary, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
-                                                                line_buffering=True)
+    sys.stdout = (_Terminal if terminal else io.TextIOWrapper)(
+        binary, encoding=sys.stdout.encoding, errors=sys.stdout.errors, line_buffering=True
+    )
 
 
 def send_output_to(log_path: Path) -> IO[str]:
@@ -124,7 +125,10 @@ def visible_devices(assigned: tuple[int, ...], inherited: str | None) -> str:
     visible = [d.strip() for d in inherited.split(",") if d.strip()]
     missing = [gpu for gpu in assigned if gpu >= len(visible)]
     if missing:
-        raise RuntimeError(f"the plan gives this rank GPUs {list(assigned)}, but CUDA_VISIBLE_DEVICES={inherited!r} shows {len(visible)}")
+        raise RuntimeError(
+            f"the plan gives this rank GPUs {list(assigned)}, but CUDA_VISIBLE_DEVICES={inherited!r} shows "
+            f"{len(visible)}"
+        )
     return ",".join(visible[gpu] for gpu in assigned)
 
 
@@ -163,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_stdout(terminal=os.environ.get(TERMINAL_ENV) == "1")
     _abort_on_exception(ctx.world, label, sys.stderr if cfg.monitor.verbose else send_output_to(log_path))
     logging.basicConfig(
-        filename=log_path, level=logging.INFO,
+        filename=log_path,
+        level=logging.INFO,
         format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
     )
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)

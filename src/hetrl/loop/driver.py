@@ -2,7 +2,8 @@
 
 It prints the held-out split (which eval tasks training was kept from, hetrl.env.tasks.split) at
 the start and the held-out reward before and after training at the end, and writes both into
-``summary.json`` in the run directory, so "did it learn" is one line to read. Checkpoints are taken every ``checkpoint.every``
+``summary.json`` in the run directory, so "did it learn" is one line to read. Checkpoints are taken every
+``checkpoint.every``
 RL steps, at the end, and at the first step boundary after a pre-emption signal; a resumed run
 skips whatever its checkpoint's loop state says is done (see ``hetrl.loop.resume``).
 """
@@ -11,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
-from hetrl.monitor import names
 from hetrl.control import timeline
 from hetrl.control.comm import RoleContext
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.loop.work import id_order
+from hetrl.monitor import names
 from hetrl.records import Sample
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def eval_tasks(cfg: HetrlConfig) -> list[tuple[Any, int]]:
     return build_held_out(cfg.env, seed=cfg.run.seed, num_tasks=cfg.eval.num_tasks)
 
 
-def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int) -> list[list[Sample]]:
+def demonstrations(
+    cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int
+) -> list[list[Sample]]:
     """Warm-start demonstrations: the environment's own prompt (images included), the reference answer as completion."""
     from hetrl.env.registry import build_env
     from hetrl.env.runner import images_of
@@ -49,8 +52,22 @@ def demonstrations(cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, str
         completion = codec.encode(cfg.warm_start.template.format(answer=task.answer)) + [tokenizer.eos_token_id]
         n = len(completion)
         sample_id = f"w{step}.{index}"
-        groups.append([Sample(sample_id, sample_id, task.source, prompt_ids, completion, [1] * n, [0.0] * n, [0] * n, answer=task.answer,
-                              images=images_of(messages))])
+        groups.append(
+            [
+                Sample(
+                    sample_id,
+                    sample_id,
+                    task.source,
+                    prompt_ids,
+                    completion,
+                    [1] * n,
+                    [0.0] * n,
+                    [0] * n,
+                    answer=task.answer,
+                    images=images_of(messages),
+                )
+            ]
+        )
     return groups
 
 
@@ -67,7 +84,13 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     orch = Orchestrator(ctx, cfg, run_dir, tokenizer)
     state = resume.resume(ctx, cfg.checkpoint, orch, run_dir)
     summary = state.summary
-    monitor = Monitor(cfg.monitor, run_dir, cfg.run.steps, roles=("rollout", "reward", "trainer"), run_config=cfg.model_dump(mode="json"))
+    monitor = Monitor(
+        cfg.monitor,
+        run_dir,
+        cfg.run.steps,
+        roles=("rollout", "reward", "trainer"),
+        run_config=cfg.model_dump(mode="json"),
+    )
     orch.attach_monitor(monitor)
     held_out = orch.split.held_out
     summary["held_out_split"] = orch.split.report.as_dict()
@@ -80,7 +103,11 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         if "eval_before" not in summary:
             summary["eval_before"] = orch.evaluate(held_out)[0]
         for w in range(state.warm_steps_done, cfg.warm_start.steps):
-            orch.train(-1 - w, demonstrations(cfg, codec, tokenizer, cfg.warm_start.batch_size, demo_stream, w), supervised=True)
+            orch.train(
+                -1 - w,
+                demonstrations(cfg, codec, tokenizer, cfg.warm_start.batch_size, demo_stream, w),
+                supervised=True,
+            )
             state.warm_steps_done, state.demo_stream = w + 1, demo_stream.state_dict()
             resume.safe_point(ctx, orch, state)
         if cfg.warm_start.steps and "eval_after_warm_start" not in summary:
@@ -96,19 +123,27 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         if cfg.eval.image_ablation:
             from hetrl.env.envs.multimodal import swap_scenes
 
-            summary["eval_after_images_swapped"] = orch.evaluate(list(zip(swap_scenes([t for t, _ in held_out]), [s for _, s in held_out])))[0]
+            summary["eval_after_images_swapped"] = orch.evaluate(
+                list(zip(swap_scenes([t for t, _ in held_out]), [s for _, s in held_out]))
+            )[0]
         summary["trained_samples"] = state.trained_before + len(orch.ledger.trained)
         summary["dropped_stale_samples"] = orch.ledger.dropped_stale
         summary["refused_weight_pushes"] = orch.refused_pushes_total
         summary["samples"] = orch.ledger_report()  # every training sample id accounted for
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         measure = "greedy" if cfg.eval.temperature == 0 else f"mean@{cfg.eval.k}, temperature {cfg.eval.temperature:g}"
-        print(f"[hetrl] held-out mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
-              + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
-              + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}", flush=True)
+        print(
+            f"[hetrl] held-out mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
+            + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
+            + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}",
+            flush=True,
+        )
         if cfg.eval.image_ablation:
-            print(f"[hetrl] image ablation: the final policy on the same tasks with each image moved to another task: "
-                  f"{summary['eval_after_images_swapped']:.3f} (with its own images {summary['eval_after']:.3f})", flush=True)
+            print(
+                f"[hetrl] image ablation: the final policy on the same tasks with each image moved to another task: "
+                f"{summary['eval_after_images_swapped']:.3f} (with its own images {summary['eval_after']:.3f})",
+                flush=True,
+            )
     finally:
         monitor.close()
         orch.shutdown()
@@ -131,10 +166,16 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     generated = sum(sum(s.loss_mask) for s in samples)
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
-    monitor.log(step, {**staleness_metrics(samples, orch.version, dropped_stale), names.STALENESS_BOUND: float(max_lag),
-                       names.STALENESS_REGENERATED: float(orch.take_regenerated()),
-                       names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
-                       names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes())})
+    monitor.log(
+        step,
+        {
+            **staleness_metrics(samples, orch.version, dropped_stale),
+            names.STALENESS_BOUND: float(max_lag),
+            names.STALENESS_REGENERATED: float(orch.take_regenerated()),
+            names.DYNAMIC_SAMPLING_DROPPED: float(dropped_uninformative),
+            names.WEIGHT_SYNC_REFUSED: float(orch.take_refused_pushes()),
+        },
+    )
     with monitor.timer(step, "train"), timeline.span("train"):
         done = orch.train(step, batch)
     monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))

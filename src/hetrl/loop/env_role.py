@@ -37,8 +37,9 @@ import itertools
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
@@ -127,7 +128,7 @@ class EnvServer:
                 continue
             try:  # sleep until an episode's call completes, or the next probe of the wire is due
                 await asyncio.wait_for(self._answered.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 delay = min(delay * 2, _POLL_MAX_S)
         for job in self.jobs:
             job.cancel()  # nobody is left to answer
@@ -201,7 +202,7 @@ def run_env(ctx: RoleContext, cfg: HetrlConfig) -> None:
 class _RankLink:
     """The ``call`` a :class:`RemoteEnv` needs, bound to one env rank."""
 
-    def __init__(self, client: "EnvRoleClient", rank: int) -> None:
+    def __init__(self, client: EnvRoleClient, rank: int) -> None:
         self.client, self.rank = client, rank
 
     async def call(self, method: str, episode_id: str, *args: Any) -> Any:
@@ -219,7 +220,9 @@ class EnvRoleClient:
         self.world = ctx.world
         self.ranks = ctx.plan.ranks_of("env")
         if not self.ranks:
-            raise ValueError("env.placement=role but the plan has no env ranks: re-plan the run (launch.py writes plan.json)")
+            raise ValueError(
+                "env.placement=role but the plan has no env ranks: re-plan the run (launch.py writes plan.json)"
+            )
         self.live = list(self.ranks)
         self.down_reasons: dict[int, str] = {}
         self.reported = dict.fromkeys(self.ranks, 0)  # open episodes per server, as it last said

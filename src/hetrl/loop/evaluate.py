@@ -37,8 +37,18 @@ from hetrl.records import GenerationRequest, GenerationResult, Sample, SamplingP
 
 EVAL_FILE = "eval.json"
 # config.json keys that fix the tensor shapes: a mismatch means the recipe describes another model.
-_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "intermediate_size", "tie_word_embeddings", "num_experts", "moe_intermediate_size")
+_SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "tie_word_embeddings",
+    "num_experts",
+    "moe_intermediate_size",
+)
 
 
 @dataclass(frozen=True)
@@ -55,18 +65,29 @@ class EvalReport:
 
     def lines(self) -> list[str]:
         """Human-readable summary, one metric a line."""
-        head = f"[hetrl] eval of {self.checkpoint} ({self.kind}): mean reward {self.mean_reward:.4f} over {self.num_samples} samples of {self.num_tasks} tasks"
+        head = (
+            f"[hetrl] eval of {self.checkpoint} ({self.kind}): mean reward {self.mean_reward:.4f} over "
+            f"{self.num_samples} samples of {self.num_tasks} tasks"
+        )
         return [head, *(f"  {name} = {value:.4f}" for name, value in sorted(self.metrics.items()))]
 
 
 # --------------------------------------------------------------------------- checkpoint formats
 
 
-_VISION_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")
+_VISION_SHAPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "image_size",
+    "patch_size",
+)
 
 
 def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The shapes an HF config fixes; a vision-language config's text model under the same names, its vision tower as vision.*."""
+    """The shapes an HF config fixes; a vision-language config's text model under the same names, its vision tower as
+    vision.*."""
     text = config.get("text_config") or config
     shape = {key: text.get(key) for key in _SHAPE_KEYS if text.get(key) is not None}
     vision = config.get("vision_config") or {}
@@ -85,13 +106,22 @@ def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> 
     from hetrl.models.hf import HF_ARCHITECTURES
 
     expected, actual = _shape_of(_recipe_config(model)), _shape_of(found)
-    wrong = [f"{key}: recipe {expected[key]}, checkpoint {actual[key]}" for key in expected if key in actual and actual[key] != expected[key]]
+    wrong = [
+        f"{key}: recipe {expected[key]}, checkpoint {actual[key]}"
+        for key in expected
+        if key in actual and actual[key] != expected[key]
+    ]
     architectures = found.get("architectures") or []
     if architectures and HF_ARCHITECTURES[model.arch] not in architectures:
-        wrong.append(f"architecture: recipe {HF_ARCHITECTURES[model.arch]} (model.arch={model.arch}), checkpoint {architectures}")
+        wrong.append(
+            f"architecture: recipe {HF_ARCHITECTURES[model.arch]} (model.arch={model.arch}), checkpoint {architectures}"
+        )
     if wrong:
-        raise CheckpointError(f"the recipe's model: section does not match the checkpoint {where}: " + "; ".join(wrong)
-                              + ". Evaluate with the recipe (and model.* overrides) the checkpoint was trained with.")
+        raise CheckpointError(
+            f"the recipe's model: section does not match the checkpoint {where}: "
+            + "; ".join(wrong)
+            + ". Evaluate with the recipe (and model.* overrides) the checkpoint was trained with."
+        )
 
 
 def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
@@ -118,7 +148,9 @@ def eval_sampling(cfg: HetrlConfig, eos_token_id: int) -> SamplingParams:
     return sampling_for(cfg, "eval", eos_token_id)
 
 
-async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams) -> list[Sample]:
+async def _run_episodes(
+    engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams
+) -> list[Sample]:
     """Every held-out episode at once on one engine; ids and seeds as the orchestrator makes them."""
     from hetrl.env.registry import env_factory
     from hetrl.env.runner import run_episode
@@ -127,7 +159,9 @@ async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[t
     waiting: dict[str, asyncio.Future] = {}
     request_ids = itertools.count()
 
-    async def generate(prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
+    async def generate(
+        prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult:
         request_id = f"eval-{next(request_ids)}"
         waiting[request_id] = asyncio.get_running_loop().create_future()
         engine.submit(GenerationRequest(request_id, prompt_ids, params, images=list(images or [])))
@@ -136,13 +170,26 @@ async def _run_episodes(engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[t
     async def episode(task: Any, seed: int, sample_id: str, group_id: str) -> Sample:
         env = make_env()
         try:
-            return await run_episode(env, task, seed, generate, codec, SamplingParams(**{**sampling.__dict__, "seed": seed}),
-                                     cfg.env.max_turns, cfg.env.max_episode_tokens, sample_id, group_id)
+            return await run_episode(
+                env,
+                task,
+                seed,
+                generate,
+                codec,
+                SamplingParams(**{**sampling.__dict__, "seed": seed}),
+                cfg.env.max_turns,
+                cfg.env.max_episode_tokens,
+                sample_id,
+                group_id,
+            )
         finally:
             await env.close()
 
-    jobs = [asyncio.ensure_future(episode(task, seed * 1000 + i, f"e{g}.{i}", f"e{g}"))
-            for g, (task, seed) in enumerate(tasks) for i in range(cfg.eval.k)]
+    jobs = [
+        asyncio.ensure_future(episode(task, seed * 1000 + i, f"e{g}.{i}", f"e{g}"))
+        for g, (task, seed) in enumerate(tasks)
+        for i in range(cfg.eval.k)
+    ]
     while not all(job.done() for job in jobs):
         failed = [job for job in jobs if job.done() and job.exception() is not None]
         if failed:
@@ -165,7 +212,9 @@ def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) ->
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     engine = GenerationEngine(hf_dir, cfg.rollout, dtype=cfg.engine_dtype, seed=cfg.run.seed)
     try:
-        samples = asyncio.run(_run_episodes(engine, cfg, ChatCodec(tokenizer), tasks, eval_sampling(cfg, tokenizer.eos_token_id)))
+        samples = asyncio.run(
+            _run_episodes(engine, cfg, ChatCodec(tokenizer), tasks, eval_sampling(cfg, tokenizer.eos_token_id))
+        )
     finally:
         engine.shutdown()
     rubric = Rubric.from_config(cfg.reward)
@@ -179,7 +228,8 @@ def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) ->
 
 
 def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Path | None = None) -> EvalReport:
-    """Evaluate ``checkpoint`` on the recipe's held-out tasks; write the report to ``out`` (default: into the checkpoint dir)."""
+    """Evaluate ``checkpoint`` on the recipe's held-out tasks; write the report to ``out`` (default: into the checkpoint
+    dir)."""
     from hetrl.loop.driver import eval_tasks
     from hetrl.monitor.eval import eval_metrics
 
@@ -195,8 +245,13 @@ def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Pat
         with tempfile.TemporaryDirectory(prefix="hetrl-eval-") as tmp:
             samples = evaluate_hf(cfg, export_trainer_checkpoint(cfg, path, Path(tmp)), tasks)
     report = EvalReport(
-        checkpoint=str(path), kind=kind, recipe=cfg.recipe, mean_reward=sum(s.reward for s in samples) / len(samples),
-        num_tasks=len(tasks), num_samples=len(samples), metrics=eval_metrics(samples, ks=sorted({1, cfg.eval.k})),
+        checkpoint=str(path),
+        kind=kind,
+        recipe=cfg.recipe,
+        mean_reward=sum(s.reward for s in samples) / len(samples),
+        num_tasks=len(tasks),
+        num_samples=len(samples),
+        metrics=eval_metrics(samples, ks=sorted({1, cfg.eval.k})),
     )
     target = Path(out) if out is not None else path / EVAL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,10 @@ def resolve_checkpoint(path: str | Path) -> tuple[CheckpointKind, Path]:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a file: pass an HF checkpoint directory or a run's checkpoints/ (or step_N/) directory")
+        raise CheckpointError(
+            f"checkpoint {path} is a file: pass an HF checkpoint directory or a run's checkpoints/ (or step_N/) "
+            f"directory"
+        )
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
         return "hf", path
     if (path / LATEST).exists():
@@ -47,7 +50,9 @@ def resolve_checkpoint(path: str | Path) -> tuple[CheckpointKind, Path]:
     if (path / "metadata.json").exists() and (path / "common.pt").exists():
         return "trainer", path
     if path.name.endswith(".tmp"):
-        raise CheckpointError(f"{path} is an unfinished trainer checkpoint save (a .tmp directory): use a complete step_N directory")
+        raise CheckpointError(
+            f"{path} is an unfinished trainer checkpoint save (a .tmp directory): use a complete step_N directory"
+        )
     raise CheckpointError(
         f"{path} is neither an HF checkpoint (config.json + *.safetensors) nor a hetrl trainer checkpoint "
         "(RUN/checkpoints with a 'latest' file, or a step_N directory with metadata.json + common.pt)"
@@ -67,7 +72,9 @@ def tokenizer_source(cfg: HetrlConfig, step_dir: Path) -> Path | None:
             return Path(candidate)
     if cfg.model.hf_checkpoint is None and cfg.model.tokenizer is None:
         return None  # a random-init model of the recipe's shape uses the character tokenizer
-    raise CheckpointError(f"no tokenizer found for {step_dir}: looked in {[str(c) for c in candidates if c]}; set model.tokenizer=DIR")
+    raise CheckpointError(
+        f"no tokenizer found for {step_dir}: looked in {[str(c) for c in candidates if c]}; set model.tokenizer=DIR"
+    )
 
 
 def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -> Path:
@@ -88,17 +95,35 @@ def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     elif dist.get_world_size() != 1:
-        raise RuntimeError(f"standalone eval runs in a torch.distributed world of 1; this process is in one of {dist.get_world_size()}")
-    single = cfg.trainer.model_copy(update={"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 1, "context_parallel": 1,
-                                             "sequence_parallel": False, "distributed_optimizer": False})
+        raise RuntimeError(
+            f"standalone eval runs in a torch.distributed world of 1; this process is in one of {dist.get_world_size()}"
+        )
+    single = cfg.trainer.model_copy(
+        update={
+            "tensor_parallel": 1,
+            "pipeline_parallel": 1,
+            "expert_parallel": 1,
+            "context_parallel": 1,
+            "sequence_parallel": False,
+            "distributed_optimizer": False,
+        }
+    )
     try:
         trainer = PolicyTrainer(cfg.model, single, cfg.algorithm, seed=cfg.run.seed, with_reference=False)
         try:
             state = load_checkpoint(step_dir, trainer.model, load_rng=False, pg_collection=trainer.groups.pg_collection)
         except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"could not load trainer checkpoint {step_dir} into the recipe's model ({error}); "
-                                  "is it the recipe (and model.* overrides) the checkpoint was trained with?") from error
-        save_hf_checkpoint(trainer.module, cfg.model, out_dir, copy_files_from=tokenizer_dir, pg_collection=trainer.groups.pg_collection)
+            raise CheckpointError(
+                f"could not load trainer checkpoint {step_dir} into the recipe's model ({error}); "
+                "is it the recipe (and model.* overrides) the checkpoint was trained with?"
+            ) from error
+        save_hf_checkpoint(
+            trainer.module,
+            cfg.model,
+            out_dir,
+            copy_files_from=tokenizer_dir,
+            pg_collection=trainer.groups.pg_collection,
+        )
         if tokenizer_dir is None:
             save_char_tokenizer(out_dir, cfg.model.vocab_size, image_token=cfg.model.is_vlm)
         logger.info("exported %s (policy version %s) to %s", step_dir, state.extra.get("version"), out_dir)
@@ -126,11 +151,17 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     if not config.exists():
         raise CheckpointError(f"{run_dir} is not a run directory (no {rundir.CONFIG})")
     root = rundir.checkpoint_root(run_dir)
-    saved = sorted(int(path.name.removeprefix("step_")) for path in root.glob("step_*") if path.name.removeprefix("step_").isdigit())
+    saved = sorted(
+        int(path.name.removeprefix("step_"))
+        for path in root.glob("step_*")
+        if path.name.removeprefix("step_").isdigit()
+    )
     if not saved:
         raise CheckpointError(f"run {run_dir} has no trainer checkpoint yet (nothing in {root})")
     if step is not None and step not in saved:
-        raise CheckpointError(f"run {run_dir} has no checkpoint of step {step}; saved steps: {', '.join(map(str, saved))}")
+        raise CheckpointError(
+            f"run {run_dir} has no checkpoint of step {step}; saved steps: {', '.join(map(str, saved))}"
+        )
     _, step_dir = resolve_checkpoint(root if step is None else root / step_dir_name(step))
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise CheckpointError(f"{out_dir} exists and is not an empty directory: export into a new one")

@@ -32,8 +32,18 @@ import os
 import time
 from dataclasses import dataclass
 
-KINDS = ("crash", "hang", "engine_crash", "push_refused", "scorer_crash", "server_crash", "reward_drop", "nan_loss", "desync_weights",
-         "drift_weights")
+KINDS = (
+    "crash",
+    "hang",
+    "engine_crash",
+    "push_refused",
+    "scorer_crash",
+    "server_crash",
+    "reward_drop",
+    "nan_loss",
+    "desync_weights",
+    "drift_weights",
+)
 FAULT_ENV = "HETRL_INJECT_FAULT"
 REWARD_DROP = 1.0  # more than any tiny recipe's reward range, so the drop shows whatever the level
 DESYNC_STD = 0.05  # about the scale of the weights of a random-init tiny model: a large, certain mismatch
@@ -48,7 +58,7 @@ class Fault:
     at: int = 1
 
     @classmethod
-    def parse(cls, spec: str | None) -> list["Fault"]:
+    def parse(cls, spec: str | None) -> list[Fault]:
         faults = []
         for part in (spec or "").split(","):
             if not part.strip():

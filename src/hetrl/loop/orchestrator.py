@@ -2,7 +2,8 @@
 
 One rank on the CPU partition. It hands episodes to the rollout ranks, routes finished samples to
 the reward workers, assembles each step's batch from complete groups and sends it, once, to the
-trainer's leader (trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight to the engines (torch.distributed),
+trainer's leader (trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight to
+the engines (torch.distributed),
 the orchestrator only tells the engines when to take them. When an engine refuses a push
 (:class:`PushRefused`), the orchestrator has the trainer send the same version again, unless a
 newer push is on its way; the engine's samples from its old version meet the staleness bound.
@@ -41,8 +42,19 @@ from hetrl.env.episodes import EpisodeItem, group_items
 from hetrl.loop.batching import require_room
 from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.loop.work import (
-    PushFailed, PushRefused, PushWeights, RewardDone, RewardWork, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights,
-    TrainDone, TrainWork, id_order,
+    PushFailed,
+    PushRefused,
+    PushWeights,
+    RewardDone,
+    RewardWork,
+    RolloutDone,
+    RolloutWork,
+    ServingWeights,
+    Shutdown,
+    SyncWeights,
+    TrainDone,
+    TrainWork,
+    id_order,
 )
 from hetrl.monitor import names
 from hetrl.monitor.guards import IDLE
@@ -77,9 +89,18 @@ def sampling_for(cfg: HetrlConfig, purpose: str, eos_token_id: int) -> SamplingP
     """Sampling of training rollouts (the recipe's rollout keys) or of evaluation (eval temperature)."""
     r = cfg.rollout
     if purpose == "eval":
-        return SamplingParams(n=1, temperature=cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=[eos_token_id])
-    return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=r.stop,
-                          stop_token_ids=[eos_token_id])
+        return SamplingParams(
+            n=1, temperature=cfg.eval.temperature, max_tokens=r.max_tokens, stop=r.stop, stop_token_ids=[eos_token_id]
+        )
+    return SamplingParams(
+        n=1,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_tokens=r.max_tokens,
+        stop=r.stop,
+        stop_token_ids=[eos_token_id],
+    )
 
 
 def group_lag(group: list[Sample], trainer_version: int) -> int:
@@ -127,7 +148,8 @@ class Orchestrator:
         self.adaptive_bound = build_adaptive_bound(cfg.schedule)  # None: the schedule's bound is fixed
 
     def attach_monitor(self, monitor: Any) -> None:
-        """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and have it redraw the console while waiting."""
+        """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and have it redraw the console while
+        waiting."""
         self.monitor = monitor
         for role in ("rollout", "reward", "trainer"):
             monitor.progress(role, state=IDLE)
@@ -141,7 +163,9 @@ class Orchestrator:
     def sampling(self, purpose: str) -> SamplingParams:
         return sampling_for(self.cfg, purpose, self.tokenizer.eos_token_id)
 
-    def new_groups(self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str) -> list[list[EpisodeItem]]:
+    def new_groups(
+        self, tasks_with_seeds: list[tuple[Any, int]], group_size: int, purpose: str
+    ) -> list[list[EpisodeItem]]:
         groups = []
         for task, seed in tasks_with_seeds:
             groups.append(group_items(f"{purpose[0]}{self._next_group}", task, seed, group_size))
@@ -237,7 +261,13 @@ class Orchestrator:
             self._push_pending.pop(engine, None)
         self.refused_pushes += 1
         self.refused_pushes_total += 1
-        logger.warning("engine rank %d refused weight push v%d (send %d): %s", engine, message.version, message.attempt + 1, message.reason)
+        logger.warning(
+            "engine rank %d refused weight push v%d (send %d): %s",
+            engine,
+            message.version,
+            message.attempt + 1,
+            message.reason,
+        )
         if self._training or (message.version, message.attempt) != (self.version, self._push_attempt):
             return
         self._push_attempt += 1
@@ -247,8 +277,12 @@ class Orchestrator:
     def _on_push_failed(self, message: PushFailed) -> None:
         """The trainer's push broke off: name the engines that had not taken it, and stop."""
         current = (message.version, message.attempt) == (self.version, self._push_attempt)
-        self._push_not_taken(message.version, message.attempt, f"broke off on the trainer: {message.reason}",
-                             set(self._push_pending) if current else set())
+        self._push_not_taken(
+            message.version,
+            message.attempt,
+            f"broke off on the trainer: {message.reason}",
+            set(self._push_pending) if current else set(),
+        )
 
     def _check_push_deadline(self) -> None:
         """A push must be taken by every engine within ``rollout.weight_sync_timeout_s`` of being
@@ -258,18 +292,30 @@ class Orchestrator:
         now = time.monotonic()
         late = {engine for engine, since in self._push_pending.items() if now - since > timeout_s}
         if late:
-            self._push_not_taken(self.version, self._push_attempt, f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s", late)
+            self._push_not_taken(
+                self.version,
+                self._push_attempt,
+                f"was not taken within rollout.weight_sync_timeout_s={timeout_s:g} s",
+                late,
+            )
 
     def _push_not_taken(self, version: int, attempt: int, what: str, pending: set[int]) -> None:
-        who = ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(pending)) or "none known (every engine answered)"
-        raise RuntimeError(f"weight push v{version} (send {attempt + 1}) {what}. "
-                           f"Engines that did not take it: {who}. See their logs (RUN/logs/rollout_<n>.log)")
+        who = (
+            ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(pending))
+            or "none known (every engine answered)"
+        )
+        raise RuntimeError(
+            f"weight push v{version} (send {attempt + 1}) {what}. "
+            f"Engines that did not take it: {who}. See their logs (RUN/logs/rollout_<n>.log)"
+        )
 
     def sync_engines(self, version: int, attempt: int = 0) -> None:
         """Tell every engine to receive the push of ``version`` the trainer is sending."""
         self.version, self._push_attempt = version, attempt
         now = time.monotonic()
-        self._push_pending = {engine: self._push_pending.get(engine, now) for engine in self.engines}  # until each serves it or refuses it
+        self._push_pending = {
+            engine: self._push_pending.get(engine, now) for engine in self.engines
+        }  # until each serves it or refuses it
         for engine in self.engines:
             send(self.ctx.world, SyncWeights(version, attempt), engine, Tag.WORK)
 
@@ -312,7 +358,9 @@ class Orchestrator:
         for sample in message.samples:
             if self.ledger.rewarding.pop(sample.sample_id, None) is None:
                 raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {sample.sample_id}")
-            sample.info.pop(CONVERSATION_KEY, None)  # the rewards' reading copy: the trainer and the store have the texts
+            sample.info.pop(
+                CONVERSATION_KEY, None
+            )  # the rewards' reading copy: the trainer and the store have the texts
             group = self.groups[sample.group_id]
             group.append(sample)
             if len(group) == self._group_size(sample.group_id):
@@ -442,7 +490,9 @@ class Orchestrator:
                 continue
             if lag > max_lag:
                 dropped_stale += len(group)
-            elif self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0:
+            elif (
+                self.cfg.algorithm.resolved_dynamic_sampling and len({s.reward for s in group}) == 1 and draws_left > 0
+            ):
                 dropped_equal += 1
                 draws_left -= 1
             else:
@@ -464,10 +514,15 @@ class Orchestrator:
         group_id = group[0].group_id
         ids = sorted(s.sample_id for s in group)
         ledger = self.ledger
-        settled = [i for i in ids if i in ledger.dispatched or i in ledger.rewarding
-                   or i in ledger.trained or i in ledger.dropped]
+        settled = [
+            i
+            for i in ids
+            if i in ledger.dispatched or i in ledger.rewarding or i in ledger.trained or i in ledger.dropped
+        ]
         if settled:
-            raise RuntimeError(f"group {group_id} would be regenerated while {settled} are in flight, trained or dropped")
+            raise RuntimeError(
+                f"group {group_id} would be regenerated while {settled} are in flight, trained or dropped"
+            )
         cursor = self._open_tasks[group_id]
         items = self._train_group(group_id, cursor, *self.stream.at(cursor))
         if sorted(item.sample_id for item in items) != ids:
@@ -496,11 +551,20 @@ class Orchestrator:
         """
         in_flight = [*self._open_tasks.items(), *self._resumed]
         if in_flight:
-            logger.info("checkpoint with %d training group(s) in flight: a resume generates them again first", len(in_flight))
-        return {"version": self.version, "stream": self.stream.state_dict(), "next_group": self._next_group,
-                "in_flight": in_flight, "dropped_stale": self.ledger.dropped_stale,
-                "adaptive_bound": None if self.adaptive_bound is None else self.adaptive_bound.state_dict(),
-                "regenerated": self.ledger.regenerated, "requeued_generation": self.ledger.requeued_generation, "requeued_reward": self.ledger.requeued_reward}
+            logger.info(
+                "checkpoint with %d training group(s) in flight: a resume generates them again first", len(in_flight)
+            )
+        return {
+            "version": self.version,
+            "stream": self.stream.state_dict(),
+            "next_group": self._next_group,
+            "in_flight": in_flight,
+            "dropped_stale": self.ledger.dropped_stale,
+            "adaptive_bound": None if self.adaptive_bound is None else self.adaptive_bound.state_dict(),
+            "regenerated": self.ledger.regenerated,
+            "requeued_generation": self.ledger.requeued_generation,
+            "requeued_reward": self.ledger.requeued_reward,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
@@ -520,10 +584,15 @@ class Orchestrator:
         lost = self.ledger.unaccounted(waiting)
         if lost:
             raise RuntimeError(f"{len(lost)} training sample id(s) are unaccounted for, e.g. {sorted(lost)[:5]}")
-        return {"issued": len(self.ledger.issued), "trained": len(self.ledger.trained & self.ledger.issued), "dropped": len(self.ledger.dropped),
-                "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
-                "regenerated": self.ledger.regenerated, "requeued_generation": self.ledger.requeued_generation,
-                "requeued_reward": self.ledger.requeued_reward}
+        return {
+            "issued": len(self.ledger.issued),
+            "trained": len(self.ledger.trained & self.ledger.issued),
+            "dropped": len(self.ledger.dropped),
+            "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
+            "regenerated": self.ledger.regenerated,
+            "requeued_generation": self.ledger.requeued_generation,
+            "requeued_reward": self.ledger.requeued_reward,
+        }
 
     def shutdown(self) -> None:
         for rank in self.engines + self.reward_ranks:

@@ -26,8 +26,16 @@ from hetrl.control.comm import RoleContext, Tag, envelope, poll, send
 
 logger = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-__all__ = ["Bye", "PreemptNotice", "Preempted", "install_handlers", "mark_requeue", "requested", "say_bye",
-           "wait_for_byes"]
+__all__ = [
+    "Bye",
+    "PreemptNotice",
+    "Preempted",
+    "install_handlers",
+    "mark_requeue",
+    "requested",
+    "say_bye",
+    "wait_for_byes",
+]
 
 _received: list[int] = []  # signals this process got (process-global, like signal handlers)
 _notices: list[Any] = []  # isend requests of notices to the orchestrator (kept alive until sent)
@@ -67,7 +75,9 @@ def install_handlers(ctx: RoleContext) -> None:
         logger.warning("received signal %d: checkpoint at the next safe point, then exit", signum)
         if first and ctx.role != "orchestrator":
             # Handlers run between two bytecodes of the main thread, never inside an MPI call.
-            _notices.append(ctx.world.isend(envelope(PreemptNotice(signum)), dest=ctx.orchestrator_rank, tag=int(Tag.CONTROL)))
+            _notices.append(
+                ctx.world.isend(envelope(PreemptNotice(signum)), dest=ctx.orchestrator_rank, tag=int(Tag.CONTROL))
+            )
 
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, handler)
@@ -78,7 +88,9 @@ def requested(ctx: RoleContext) -> int | None:
     while (got := poll(ctx.world, tag=Tag.CONTROL)) is not None:
         message, source, _ = got
         if not isinstance(message, PreemptNotice):
-            raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source} on the control tag")
+            raise TypeError(
+                f"orchestrator got an unexpected {type(message).__name__} from rank {source} on the control tag"
+            )
         logger.warning("rank %d received signal %d", source, message.signum)
         _received.append(message.signum)
     return _received[0] if _received else None

@@ -76,8 +76,11 @@ def resume(ctx: RoleContext, cfg: CheckpointConfig, orch: Orchestrator, run_dir:
         raise RuntimeError(f"checkpoint {path} holds weights v{restored.version} but loop state of v{orch.version}")
     orch.sync_engines(restored.version)  # the trainer is pushing the loaded weights now
     state = LoopState(**restored.loop_state["loop"])
-    print(f"[hetrl] resumed from {path}: policy v{orch.version}, {state.warm_steps_done} warm-start and "
-          f"{state.rl_steps_done} RL steps done", flush=True)
+    print(
+        f"[hetrl] resumed from {path}: policy v{orch.version}, {state.warm_steps_done} warm-start and "
+        f"{state.rl_steps_done} RL steps done",
+        flush=True,
+    )
     return state
 
 
@@ -87,6 +90,9 @@ def safe_point(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> None:
     if signum is None:
         return
     path = save(ctx, orch, state)
-    print(f"[hetrl] pre-empted (signal {signum}) after {state.rl_steps_done} RL steps: checkpoint {path}; "
-          f"exiting with {rundir.REQUEUE_EXIT_CODE} for a requeue", flush=True)
+    print(
+        f"[hetrl] pre-empted (signal {signum}) after {state.rl_steps_done} RL steps: checkpoint {path}; "
+        f"exiting with {rundir.REQUEUE_EXIT_CODE} for a requeue",
+        flush=True,
+    )
     raise preempt.Preempted(signum, path)

@@ -27,8 +27,8 @@ from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
-from hetrl.reward.base import ScoringUnavailable
 from hetrl.records import Sample
+from hetrl.reward.base import ScoringUnavailable
 
 logger = logging.getLogger(__name__)
 

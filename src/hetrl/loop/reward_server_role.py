@@ -54,7 +54,8 @@ JUDGE, REWARD_MODEL = "judge", "reward_model"
 
 @dataclass
 class ServeCalls:
-    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward model."""
+    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward
+    model."""
 
     calls: list[tuple[int, str, Any]]
 
@@ -259,7 +260,8 @@ class RewardServerClient:
     # -- the main thread's side
 
     def pump(self) -> bool:
-        """Resolve arrived answers, re-send timed-out requests, send queued ones; never blocks. True if anything moved."""
+        """Resolve arrived answers, re-send timed-out requests, send queued ones; never blocks. True if anything
+        moved."""
         moved = False
         while (got := poll(self.world, tag=Tag.RESULT)) is not None:
             message, source, _ = got
@@ -309,7 +311,8 @@ class RewardServerClient:
         self.num_resent += len(held)
 
     def _retry_overdue(self) -> None:
-        """A request a replica has held for request_timeout_s: to an untried replica if there is one, else it waits on."""
+        """A request a replica has held for request_timeout_s: to an untried replica if there is one, else it waits
+        on."""
         now = time.monotonic()
         failed: list[_Pending] = []
         with self._lock:
@@ -329,7 +332,8 @@ class RewardServerClient:
         for p in failed:
             p.future.set_exception(
                 ScoringUnavailable(
-                    f"{p.model} request unanswered after {p.timeouts} x reward.server.request_timeout_s={self.timeout_s:g} s "
+                    f"{p.model} request unanswered after {p.timeouts} x "
+                    f"reward.server.request_timeout_s={self.timeout_s:g} s "
                     f"on replica(s) {list(p.tried)} (reward.server.max_attempts={self.max_attempts})"
                 )
             )
@@ -364,7 +368,8 @@ class RewardServerClient:
         return min(untried, key=lambda s: (load[s], s)) if untried else None
 
     def close(self) -> None:
-        """Fail what is still waiting (the scoring threads finish at once, asking nothing more) and leave every server."""
+        """Fail what is still waiting (the scoring threads finish at once, asking nothing more) and leave every
+        server."""
         with self._lock:
             self._closed = True
             pending, self._pending, self._unsent = self._pending, {}, []

@@ -65,10 +65,16 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
 
     on_gpu = torch.cuda.is_available()
     sender_rank = ctx.plan.ranks_of("trainer")[0]
-    kind = resolve_transport(cfg.rollout.weight_sync, on_gpu=on_gpu, engines_on_sender_gpu=ctx.plan.engines_share_gpu_of(sender_rank))
+    kind = resolve_transport(
+        cfg.rollout.weight_sync, on_gpu=on_gpu, engines_on_sender_gpu=ctx.plan.engines_share_gpu_of(sender_rank)
+    )
     on_sender_gpu = [a.world_rank for a in ctx.plan.engines_on_gpu_of(sender_rank)]
-    backend = weight_sync_backend(kind, on_gpu=on_gpu, engine_on_sender_gpu=bool(on_sender_gpu),
-                                  engine_tensor_parallel=cfg.rollout.engine_tensor_parallel)
+    backend = weight_sync_backend(
+        kind,
+        on_gpu=on_gpu,
+        engine_on_sender_gpu=bool(on_sender_gpu),
+        engine_tensor_parallel=cfg.rollout.engine_tensor_parallel,
+    )
     verify = cfg.rollout.verify_weight_sync
     if kind == "filesystem":
         root = run_dir / rundir.WEIGHTS
@@ -78,8 +84,15 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     engines = ctx.plan.ranks_of("rollout")
     group_rank = 0 if sender else engines.index(ctx.rank) + 1
     device = None if sender else receive_device(kind, backend, on_sender_gpu=ctx.rank in on_sender_gpu)
-    group = init_weight_sync_group(setup.sync_host, setup.sync_port, group_rank, len(engines) + 1, backend=backend, device=device,
-                                   timeout_s=cfg.rollout.weight_sync_timeout_s)
+    group = init_weight_sync_group(
+        setup.sync_host,
+        setup.sync_port,
+        group_rank,
+        len(engines) + 1,
+        backend=backend,
+        device=device,
+        timeout_s=cfg.rollout.weight_sync_timeout_s,
+    )
     if sender:
         return build_weight_sender(kind, group=group, verify=verify)
     # An engine with TP workers stages pushes in /dev/shm, where they map them (see CollectiveWeightReceiver).
@@ -106,7 +119,9 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
     elif ctx.role == "reward_server":
         from hetrl.loop.reward_server_role import run_reward_server
 
-        run_reward_server(ctx, cfg, Path(setup.model_dir), Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "server_crash"))
+        run_reward_server(
+            ctx, cfg, Path(setup.model_dir), Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "server_crash")
+        )
     elif ctx.role == "env":
         from hetrl.loop.env_role import run_env
 
@@ -116,11 +131,24 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
 
         crash = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "engine_crash")
         refuse_push = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "push_refused")
-        run_rollout(ctx, cfg, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False), crash, refuse_push)
+        run_rollout(
+            ctx,
+            cfg,
+            Path(setup.model_dir),
+            weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False),
+            crash,
+            refuse_push,
+        )
     elif ctx.role == "trainer":
         from hetrl.loop.trainer_role import run_trainer
 
         is_sender = ctx.rank == ctx.plan.ranks_of("trainer")[0]
-        run_trainer(ctx, cfg, run_dir, Path(setup.model_dir), weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=True) if is_sender else None)
+        run_trainer(
+            ctx,
+            cfg,
+            run_dir,
+            Path(setup.model_dir),
+            weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=True) if is_sender else None,
+        )
     else:
         raise ValueError(f"unknown role {ctx.role!r}")

@@ -34,19 +34,27 @@ from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
-from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
+from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 
 logger = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown,
-                 refuse_push: Countdown) -> None:
+    def __init__(
+        self,
+        ctx: RoleContext,
+        cfg: HetrlConfig,
+        model_dir: Path,
+        receiver: Any,
+        crash: Countdown,
+        refuse_push: Countdown,
+    ) -> None:
+        from transformers import AutoTokenizer
+
         from hetrl.env.chat import ChatCodec
         from hetrl.env.episodes import EpisodeRunner
         from hetrl.env.registry import env_factory
-        from transformers import AutoTokenizer
 
         self.ctx, self.cfg, self.receiver, self.crash, self.refuse_push = ctx, cfg, receiver, crash, refuse_push
         self.refused_in_a_row = 0
@@ -61,9 +69,14 @@ class RolloutWorker:
 
             self.env_client = EnvRoleClient(ctx)
         make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
-        self.episodes = EpisodeRunner(make_env, ChatCodec(AutoTokenizer.from_pretrained(model_dir)), self.generate,
-                                      max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens,
-                                      concurrency=cfg.env.concurrency)
+        self.episodes = EpisodeRunner(
+            make_env,
+            ChatCodec(AutoTokenizer.from_pretrained(model_dir)),
+            self.generate,
+            max_turns=cfg.env.max_turns,
+            max_episode_tokens=cfg.env.max_episode_tokens,
+            concurrency=cfg.env.concurrency,
+        )
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
         self.stop = False
@@ -72,9 +85,16 @@ class RolloutWorker:
     def _new_engine(self) -> Any:
         from hetrl.rollout.engine import GenerationEngine
 
-        return GenerationEngine(self.model_dir, self.cfg.rollout, dtype=self.cfg.engine_dtype, seed=self.cfg.run.seed + self.ctx.assignment.role_rank)
+        return GenerationEngine(
+            self.model_dir,
+            self.cfg.rollout,
+            dtype=self.cfg.engine_dtype,
+            seed=self.cfg.run.seed + self.ctx.assignment.role_rank,
+        )
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult:
         """One turn of an episode: ``images`` (a multimodal episode's, so far) go to the engine with the ids, one
         placeholder id per image; the episode runner keeps them on the sample."""
         request_id = f"r{self.ctx.rank}-{next(self._request_ids)}"
@@ -107,7 +127,9 @@ class RolloutWorker:
                 send(self.ctx.world, ServingWeights(staged.version), self.ctx.orchestrator_rank, Tag.RESULT)
                 return
             if self.refuse_push.fire():
-                raise WeightSyncError(f"injected fault: push v{staged.version} refused (as if its checksums did not match)")
+                raise WeightSyncError(
+                    f"injected fault: push v{staged.version} refused (as if its checksums did not match)"
+                )
             with timeline.span("reload weights"):
                 self.engine.load_weights(staged)  # removes the push's shared-memory copy once read
         except WeightStreamBroken:
@@ -116,7 +138,9 @@ class RolloutWorker:
             self._refused(message, error)
             return
         finally:
-            if staged is not None and staged.shared_dir is not None:  # a push skipped or refused holds RAM until removed
+            if (
+                staged is not None and staged.shared_dir is not None
+            ):  # a push skipped or refused holds RAM until removed
                 shared_memory.remove_push(staged.shared_dir)
         self.refused_in_a_row = 0
         self.last_push = staged.on_host()  # a GPU copy would hold a second model beside the engine's
@@ -126,12 +150,24 @@ class RolloutWorker:
     def _refused(self, message: SyncWeights, error: WeightSyncError) -> None:
         self.refused_in_a_row += 1
         if self.refused_in_a_row > self.cfg.rollout.weight_sync_retries:
-            raise RuntimeError(f"this engine refused {self.refused_in_a_row} weight pushes in a row "
-                               f"(rollout.weight_sync_retries={self.cfg.rollout.weight_sync_retries}); the last: {error}") from error
-        logger.error("weight push v%d refused (%s); still serving v%d, asking for it again", message.version, error, self.engine.version)
+            raise RuntimeError(
+                f"this engine refused {self.refused_in_a_row} weight pushes in a row "
+                f"(rollout.weight_sync_retries={self.cfg.rollout.weight_sync_retries}); the last: {error}"
+            ) from error
+        logger.error(
+            "weight push v%d refused (%s); still serving v%d, asking for it again",
+            message.version,
+            error,
+            self.engine.version,
+        )
         if self.engine.broken:  # TP workers stopped midway: rebuild at the version it served
             self._replace_engine(error)
-        send(self.ctx.world, PushRefused(message.version, message.attempt, str(error)), self.ctx.orchestrator_rank, Tag.RESULT)
+        send(
+            self.ctx.world,
+            PushRefused(message.version, message.attempt, str(error)),
+            self.ctx.orchestrator_rank,
+            Tag.RESULT,
+        )
 
     def _step_engine(self) -> bool:
         """One decoding step; resolve the episodes' pending generate calls. False when idle."""
@@ -163,7 +199,8 @@ class RolloutWorker:
 
     async def run(self) -> None:
         """Poll rounds until Shutdown. A round that moved nothing naps (``comm.naps``: ~2 ms for a second after the
-        last movement, then up to 20 ms): episodes waiting on tools or env ranks must not spin the core their tools need."""
+        last movement, then up to 20 ms): episodes waiting on tools or env ranks must not spin the core their tools
+        need."""
         orchestrator = self.ctx.orchestrator_rank
         pauses = naps()
         while not self.stop:
@@ -200,5 +237,7 @@ class RolloutWorker:
             liveness.busy(f"generating {len(self.episodes)} episode(s) with weights v{self.engine.version}")
 
 
-def run_rollout(ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown, refuse_push: Countdown) -> None:
+def run_rollout(
+    ctx: RoleContext, cfg: HetrlConfig, model_dir: Path, receiver: Any, crash: Countdown, refuse_push: Countdown
+) -> None:
     asyncio.run(RolloutWorker(ctx, cfg, model_dir, receiver, crash, refuse_push).run())

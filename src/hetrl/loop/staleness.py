@@ -54,7 +54,7 @@ class AdaptiveBound:
         self.calm_steps = 0
 
     @classmethod
-    def from_config(cls, cfg: AdaptiveStalenessConfig, ceiling: int) -> "AdaptiveBound":
+    def from_config(cls, cfg: AdaptiveStalenessConfig, ceiling: int) -> AdaptiveBound:
         return cls(cfg.metric, cfg.target, cfg.min_staleness, ceiling, cfg.grow_below, cfg.patience)
 
     def update(self, value: float | None) -> int:
@@ -71,8 +71,9 @@ class AdaptiveBound:
         else:
             self.calm_steps = 0
         if self.bound != before:
-            logger.info("staleness bound %d -> %d: %s %.4g vs target %.4g", before, self.bound, self.metric, value,
-                        self.target)
+            logger.info(
+                "staleness bound %d -> %d: %s %.4g vs target %.4g", before, self.bound, self.metric, value, self.target
+            )
         return self.bound
 
     def observe(self, metrics: Mapping[str, float]) -> int:

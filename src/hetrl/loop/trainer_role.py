@@ -45,7 +45,17 @@ from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Span
-from hetrl.loop.work import Checkpoint, CheckpointDone, PushFailed, PushWeights, Restore, Restored, Shutdown, TrainDone, TrainWork
+from hetrl.loop.work import (
+    Checkpoint,
+    CheckpointDone,
+    PushFailed,
+    PushWeights,
+    Restore,
+    Restored,
+    Shutdown,
+    TrainDone,
+    TrainWork,
+)
 from hetrl.monitor import names
 from hetrl.transport.weights import WeightStreamBroken
 
@@ -54,8 +64,15 @@ logger = logging.getLogger(__name__)
 
 def _supervised_algorithm(cfg: HetrlConfig):
     """GRPO's loss at ratio 1 with advantage 1 is exactly the token-mean NLL gradient."""
-    return cfg.algorithm.model_copy(update={"name": "grpo", "is_correction": "none", "kl_coef": 0.0, "entropy_coef": 0.0,
-                                            "loss_aggregation": "token-mean"})
+    return cfg.algorithm.model_copy(
+        update={
+            "name": "grpo",
+            "is_correction": "none",
+            "kl_coef": 0.0,
+            "entropy_coef": 0.0,
+            "loss_aggregation": "token-mean",
+        }
+    )
 
 
 def init_trainer_world(ctx: RoleContext) -> None:
@@ -70,7 +87,9 @@ def init_trainer_world(ctx: RoleContext) -> None:
     address = (socket.gethostname(), free_port()) if ctx.role_comm.Get_rank() == 0 else None
     host, port = ctx.role_comm.bcast(address, root=0)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=ctx.role_comm.Get_rank(), world_size=ctx.role_comm.Get_size())
+    dist.init_process_group(
+        backend, init_method=f"tcp://{host}:{port}", rank=ctx.role_comm.Get_rank(), world_size=ctx.role_comm.Get_size()
+    )
 
 
 def _next_message(ctx: RoleContext) -> Any:
@@ -93,22 +112,40 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     start_checkpoint_writer()  # now, so that a pre-emption signal cannot kill its helper mid-start
     torch.manual_seed(cfg.run.seed)
     total_steps = cfg.run.steps + cfg.warm_start.steps
-    trainer = PolicyTrainer(cfg.model, cfg.trainer, cfg.algorithm, seed=cfg.run.seed, total_steps=total_steps,
-                            temperature=cfg.rollout.temperature, max_len=cfg.rollout.max_tokens,
-                            routing="replay" if cfg.rollout.routing_replay else "measure" if cfg.rollout.return_routing else "off")
+    trainer = PolicyTrainer(
+        cfg.model,
+        cfg.trainer,
+        cfg.algorithm,
+        seed=cfg.run.seed,
+        total_steps=total_steps,
+        temperature=cfg.rollout.temperature,
+        max_len=cfg.rollout.max_tokens,
+        routing="replay" if cfg.rollout.routing_replay else "measure" if cfg.rollout.return_routing else "off",
+    )
     liveness.tick()
     load_hf_checkpoint(trainer.module, model_dir, trainer.groups.pg_collection)
     if trainer.reference is not None:
         trainer.sync_reference()  # the reference is the initial policy, also after a resume
     critic = None
     if cfg.algorithm.name == "ppo":
-        critic = ValueTrainer(cfg.model, cfg.trainer, cfg.critic, cfg.algorithm, trainer.groups, seed=cfg.run.seed,
-                              total_steps=cfg.run.steps * cfg.trainer.updates_per_batch, max_len=cfg.rollout.max_tokens)
+        critic = ValueTrainer(
+            cfg.model,
+            cfg.trainer,
+            cfg.critic,
+            cfg.algorithm,
+            trainer.groups,
+            seed=cfg.run.seed,
+            total_steps=cfg.run.steps * cfg.trainer.updates_per_batch,
+            max_len=cfg.rollout.max_tokens,
+        )
         critic.load_initial_weights(cfg.critic.init, model_dir)
         liveness.tick()
     rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
     version = 0
-    stage_cfg = {"rl": cfg.trainer, "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0})}
+    stage_cfg = {
+        "rl": cfg.trainer,
+        "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0}),
+    }
     stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
     stage = "rl"  # the optimizer PolicyTrainer built
     clock = _Clock()
@@ -148,13 +185,22 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
         trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
         num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
         samples = rigged.samples(message)
-        metrics, logprobs = train_on_batch(trainer, critic, samples, num_minibatches=num_minibatches, max_tokens=cfg.rollout.max_tokens,
-                                           supervised=message.supervised, progress=liveness.tick)
+        metrics, logprobs = train_on_batch(
+            trainer,
+            critic,
+            samples,
+            num_minibatches=num_minibatches,
+            max_tokens=cfg.rollout.max_tokens,
+            supervised=message.supervised,
+            progress=liveness.tick,
+        )
         train_s = metrics[names.TRAIN_STEP_S] * num_minibatches  # the optimizer steps' wall time
         metrics.update(mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in samples], train_s))
         metrics.update(clock.take())
         version += 1
-        trainer_logprobs = [logprobs[i, : len(s.completion_ids)].numpy().astype("float32") for i, s in enumerate(samples)]
+        trainer_logprobs = [
+            logprobs[i, : len(s.completion_ids)].numpy().astype("float32") for i, s in enumerate(samples)
+        ]
         _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
         with clock.timing("weight_sync"):
             _push_weights(ctx, trainer, cfg, sender, version)
@@ -214,7 +260,9 @@ class _RiggedFaults:
             return
         import torch
 
-        logger.warning("injected fault: the trainer's weights drift from the engines' (noise std %g)", faults.DESYNC_STD)
+        logger.warning(
+            "injected fault: the trainer's weights drift from the engines' (noise std %g)", faults.DESYNC_STD
+        )
         with torch.no_grad():
             for param in trainer.module.parameters():
                 param.add_(torch.randn_like(param) * faults.DESYNC_STD)
@@ -232,7 +280,9 @@ def _reply(ctx: RoleContext, sender: Any | None, message: Any) -> None:
         flush_sends()
 
 
-def _push_weights(ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0) -> None:
+def _push_weights(
+    ctx: RoleContext, trainer: Any, cfg: HetrlConfig, sender: Any | None, version: int, attempt: int = 0
+) -> None:
     """Stream the weights in HF layout to the engines (every trainer rank takes part in the gathers).
 
     A push that breaks off (an engine did not take a bucket within ``rollout.weight_sync_timeout_s``,
@@ -258,7 +308,12 @@ def _stream(ctx: RoleContext, sender: Any | None, buckets: Any, version: int, at
             sender.send(buckets, version, attempt)
         except WeightStreamBroken as error:  # a timeout or a lost engine; the group cannot carry another push
             logger.error("%s", error)
-            send(ctx.world, PushFailed(version, attempt, str(error.__cause__ or error).splitlines()[0]), ctx.orchestrator_rank, Tag.RESULT)
+            send(
+                ctx.world,
+                PushFailed(version, attempt, str(error.__cause__ or error).splitlines()[0]),
+                ctx.orchestrator_rank,
+                Tag.RESULT,
+            )
             flush_sends()
 
 
@@ -271,16 +326,30 @@ def _save(trainer: Any, critic: Any | None, cfg: HetrlConfig, run_dir: Path, mes
 
     if message.step != version:
         raise RuntimeError(f"orchestrator asked for a checkpoint of v{message.step}, the trainer holds v{version}")
-    return save_checkpoint(checkpoint_root(run_dir), version, trainer.model, trainer.optimizer, trainer.scheduler,
-                           extra={"version": version, "loop": message.loop_state}, keep=cfg.checkpoint.keep,
-                           pg_collection=trainer.groups.pg_collection, critic=_critic_state(critic))
+    return save_checkpoint(
+        checkpoint_root(run_dir),
+        version,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        extra={"version": version, "loop": message.loop_state},
+        keep=cfg.checkpoint.keep,
+        pg_collection=trainer.groups.pg_collection,
+        critic=_critic_state(critic),
+    )
 
 
 def _restore(trainer: Any, critic: Any | None, path: str) -> tuple[int, dict[str, Any]]:
     from hetrl.trainer.checkpoint import load_checkpoint
 
-    state = load_checkpoint(path, trainer.model, trainer.optimizer, trainer.scheduler, pg_collection=trainer.groups.pg_collection,
-                            critic=_critic_state(critic))
+    state = load_checkpoint(
+        path,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        pg_collection=trainer.groups.pg_collection,
+        critic=_critic_state(critic),
+    )
     trainer.step = state.step
     logger.info("resumed from %s at v%d (RNG restored: %s)", state.path, state.extra["version"], state.rng_restored)
     return state.extra["version"], state.extra["loop"]

@@ -83,8 +83,10 @@ def image_token_id(cfg: ModelConfig) -> int:
         config = json.loads((Path(cfg.hf_checkpoint) / "config.json").read_text())
         found = config.get("image_token_id", config.get("image_token_index"))
         if found is None:
-            raise ValueError(f"{cfg.hf_checkpoint}/config.json names no image token (image_token_id / image_token_index): "
-                             "not a LLaVA-style checkpoint")
+            raise ValueError(
+                f"{cfg.hf_checkpoint}/config.json names no image token (image_token_id / image_token_index): "
+                "not a LLaVA-style checkpoint"
+            )
         return int(found)
     return CHAR_IMAGE_TOKEN_ID
 
@@ -101,14 +103,26 @@ def llava_config(cfg: ModelConfig):
     vision = cfg.vision
     text = transformers.LlamaConfig(**hf_config_dict(cfg))
     vision_config = transformers.CLIPVisionConfig(
-        hidden_size=vision.hidden_size, intermediate_size=vision.ffn_hidden_size, num_hidden_layers=vision.num_layers,
-        num_attention_heads=vision.num_attention_heads, image_size=vision.image_size, patch_size=vision.patch_size,
-        layer_norm_eps=vision.norm_epsilon, hidden_act="quick_gelu", projection_dim=cfg.hidden_size,
+        hidden_size=vision.hidden_size,
+        intermediate_size=vision.ffn_hidden_size,
+        num_hidden_layers=vision.num_layers,
+        num_attention_heads=vision.num_attention_heads,
+        image_size=vision.image_size,
+        patch_size=vision.patch_size,
+        layer_norm_eps=vision.norm_epsilon,
+        hidden_act="quick_gelu",
+        projection_dim=cfg.hidden_size,
     )
     config = transformers.LlavaConfig(
-        vision_config=vision_config, text_config=text, image_token_index=image_token_id(cfg),
-        image_seq_length=vision.tokens_per_image, projector_hidden_act="gelu", vision_feature_select_strategy="default",
-        vision_feature_layer=-1, multimodal_projector_bias=True, tie_word_embeddings=cfg.tie_word_embeddings,
+        vision_config=vision_config,
+        text_config=text,
+        image_token_index=image_token_id(cfg),
+        image_seq_length=vision.tokens_per_image,
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        multimodal_projector_bias=True,
+        tie_word_embeddings=cfg.tie_word_embeddings,
     )
     config.architectures = [HF_ARCHITECTURES["llava"]]
     return config
@@ -130,7 +144,7 @@ def _rename_llava_weights(path: Path) -> None:
     def served(name: str) -> str:
         for saved, serving in _LLAVA_SAVED_TO_SERVED:
             if name.startswith(saved):
-                return serving + name[len(saved):]
+                return serving + name[len(saved) :]
         raise ValueError(f"unexpected LLaVA tensor name {name!r} in {path}")
 
     save_file({served(name): tensor for name, tensor in load_file(path).items()}, path, metadata={"format": "pt"})
@@ -146,11 +160,17 @@ def save_llava_processor(out_dir: Path, cfg: ModelConfig, tokenizer) -> None:  #
 
     side = cfg.vision.image_size
     image_processor = transformers.CLIPImageProcessor(
-        size={"height": side, "width": side}, do_center_crop=False, crop_size={"height": side, "width": side},
+        size={"height": side, "width": side},
+        do_center_crop=False,
+        crop_size={"height": side, "width": side},
     )
     processor = transformers.LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=cfg.vision.patch_size,
-        vision_feature_select_strategy="default", num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=cfg.vision.patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=tokenizer.chat_template,
     )
     processor.save_pretrained(out_dir)
 

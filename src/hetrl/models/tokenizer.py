@@ -41,7 +41,9 @@ def build_char_tokenizer(vocab_size: int = 128, image_token: bool = False):
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"the character tokenizer needs vocab_size >= {MIN_VOCAB_SIZE}, got {vocab_size}")
     if image_token and vocab_size <= MIN_VOCAB_SIZE:
-        raise ValueError(f"the character tokenizer with an image token needs vocab_size > {MIN_VOCAB_SIZE}, got {vocab_size}")
+        raise ValueError(
+            f"the character tokenizer with an image token needs vocab_size > {MIN_VOCAB_SIZE}, got {vocab_size}"
+        )
     special = SPECIAL_TOKENS + ([IMAGE_TOKEN] if image_token else [])
     tokens = SPECIAL_TOKENS + CHARACTERS + ([IMAGE_TOKEN] if image_token else [])
     tokens += [f"<|reserved_{i}|>" for i in range(vocab_size - len(tokens))]
@@ -50,7 +52,10 @@ def build_char_tokenizer(vocab_size: int = 128, image_token: bool = False):
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens(special)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token=IM_END, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN,
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
         model_max_length=1 << 20,
     )
     tokenizer.chat_template = CHAT_TEMPLATE

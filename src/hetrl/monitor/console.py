@@ -120,8 +120,13 @@ class LiveConsole:
         self._roles: Sequence[RoleStatus] = []
         self._alerts: list[Alert] = []
         self._progress = Progress(
-            TextColumn("[bold]RL steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), console=console,
+            TextColumn("[bold]RL steps"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
         )
         self._task = self._progress.add_task("steps", total=total_steps)
         # print() goes above the view while it is up; stderr is left alone: it carries the libraries'
@@ -163,8 +168,13 @@ class LiveConsole:
         self._live.stop()
 
 
-def make_console(enabled: bool, total_steps: int, key_metrics: Sequence[str], stream: IO[str] | None = None,
-                 force_terminal: bool | None = None) -> Console | None:
+def make_console(
+    enabled: bool,
+    total_steps: int,
+    key_metrics: Sequence[str],
+    stream: IO[str] | None = None,
+    force_terminal: bool | None = None,
+) -> Console | None:
     """The live view on a terminal, plain lines otherwise, None when the console is disabled.
 
     ``stream`` defaults to stdout: a rank's stderr goes to its log (hetrl.launch.worker).

@@ -63,7 +63,10 @@ class _RoleTracker:
         return self.rates
 
     def statuses(self, now: float) -> list[RoleStatus]:
-        return [RoleStatus(r, self.state.get(r, "?"), self.rates.get(r), now - t) for r, t in sorted(self.last_progress.items())]
+        return [
+            RoleStatus(r, self.state.get(r, "?"), self.rates.get(r), now - t)
+            for r, t in sorted(self.last_progress.items())
+        ]
 
 
 class Monitor:
@@ -93,11 +96,18 @@ class Monitor:
         if wandb_sink is not None:
             self.sinks.append(wandb_sink)
         self.store = (
-            RolloutStore(self.run_dir / ROLLOUT_DIR, flush_every=cfg.rollout_store.flush_every, compression=cfg.rollout_store.compression)
-            if cfg.rollout_store.enabled else None
+            RolloutStore(
+                self.run_dir / ROLLOUT_DIR,
+                flush_every=cfg.rollout_store.flush_every,
+                compression=cfg.rollout_store.compression,
+            )
+            if cfg.rollout_store.enabled
+            else None
         )
         self.guards = Guards(cfg.guards)
-        self.console: Console | None = make_console(cfg.console, total_steps, cfg.console_metrics, stream, force_terminal)
+        self.console: Console | None = make_console(
+            cfg.console, total_steps, cfg.console_metrics, stream, force_terminal
+        )
         self._alerts_fh = (self.run_dir / ALERTS_FILE).open("a", encoding="utf-8")
         now = clock()
         self._roles = _RoleTracker(roles, now)
@@ -194,7 +204,7 @@ class Monitor:
         if not self._alerts_fh.closed:
             self._alerts_fh.close()
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -64,7 +64,9 @@ def eval_metrics(
         for k in ks:
             short = [len(g) for g in prompts if len(g) < k]
             if short:
-                raise ValueError(f"task {task!r}: pass@{k} needs >= {k} samples per prompt, some prompts have {min(short)}")
+                raise ValueError(
+                    f"task {task!r}: pass@{k} needs >= {k} samples per prompt, some prompts have {min(short)}"
+                )
             scores = [pass_at_k(len(g), sum(bool(is_correct(s)) for s in g), k) for g in prompts]
             out[names.eval_pass_at(names.segment(task), k)] = float(np.mean(scores))
             out[names.eval_mean_at(names.segment(task), k)] = mean_at_k([[s.reward for s in g[:k]] for g in prompts])

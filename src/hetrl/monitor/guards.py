@@ -80,7 +80,9 @@ class Guards:
         cfg = self.cfg.nonfinite_loss
         if not cfg.enabled:
             return None
-        bad = sorted(k for k, v in metrics.items() if (k.startswith("loss/") or k == names.GRAD_NORM) and not math.isfinite(v))
+        bad = sorted(
+            k for k, v in metrics.items() if (k.startswith("loss/") or k == names.GRAD_NORM) and not math.isfinite(v)
+        )
         if not bad:
             return None
         return "nonfinite_loss", cfg.action, "non-finite " + ", ".join(f"{k}={metrics[k]}" for k in bad)
@@ -100,9 +102,14 @@ class Guards:
         self._reward_collapsed = collapsed
         if not fire:
             return None
-        return "reward_collapse", cfg.action, (
-            f"{cfg.window}-step mean reward {avg:.4g} is {self._best_reward_avg - avg:.4g} below its best {self._best_reward_avg:.4g}"
-            f" (max_drop {cfg.max_drop})"
+        return (
+            "reward_collapse",
+            cfg.action,
+            (
+                f"{cfg.window}-step mean reward {avg:.4g} is {self._best_reward_avg - avg:.4g} below its best "
+                f"{self._best_reward_avg:.4g}"
+                f" (max_drop {cfg.max_drop})"
+            ),
         )
 
     def _entropy_collapse(self, metrics: Mapping[str, float]) -> tuple[str, str, str] | None:
@@ -127,7 +134,12 @@ class Guards:
         if cfg.spike_factor is not None and len(history) == cfg.window and value > _MISMATCH_NOISE_FLOOR:
             median = statistics.median(history)
             if value > cfg.spike_factor * median:
-                return "mismatch_spike", cfg.action, (
-                    f"mismatch/k3_kl {value:.4g} is over {cfg.spike_factor}x its {cfg.window}-step median {median:.4g}"
+                return (
+                    "mismatch_spike",
+                    cfg.action,
+                    (
+                        f"mismatch/k3_kl {value:.4g} is over {cfg.spike_factor}x its {cfg.window}-step median "
+                        f"{median:.4g}"
+                    ),
                 )
         return None

@@ -127,5 +127,7 @@ def mfu(tokens_per_s: float, num_params: int, peak_flops_per_device: float, num_
     for the dtype in use (e.g. ~989e12 for H100 bf16).
     """
     if peak_flops_per_device <= 0 or num_devices <= 0:
-        raise ValueError(f"peak_flops_per_device and num_devices must be positive, got {peak_flops_per_device}, {num_devices}")
+        raise ValueError(
+            f"peak_flops_per_device and num_devices must be positive, got {peak_flops_per_device}, {num_devices}"
+        )
     return 6.0 * num_params * tokens_per_s / (peak_flops_per_device * num_devices)

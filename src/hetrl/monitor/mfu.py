@@ -81,13 +81,16 @@ class MfuMeter:
         self.cfg, self.num_devices = cfg, num_devices
         self.peak = None if device_name is None else peak_bf16_flops(device_name)
         if device_name is not None and self.peak is None:
-            log.info("perf/mfu not reported: no bf16 peak known for GPU %r (add it to hetrl.monitor.mfu.PEAK_BF16_FLOPS)", device_name)
+            log.info(
+                "perf/mfu not reported: no bf16 peak known for GPU %r (add it to hetrl.monitor.mfu.PEAK_BF16_FLOPS)",
+                device_name,
+            )
         elif self.peak is not None and precision != "bf16":
             log.info("perf/mfu not reported: it compares against the bf16 peak, the trainer runs %s", precision)
             self.peak = None
 
     @classmethod
-    def for_this_process(cls, cfg: ModelConfig, num_devices: int, precision: str) -> "MfuMeter":
+    def for_this_process(cls, cfg: ModelConfig, num_devices: int, precision: str) -> MfuMeter:
         """A meter for the local device: silent and inactive on CPU."""
         import torch
 

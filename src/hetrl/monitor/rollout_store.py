@@ -52,12 +52,26 @@ _TOKEN_FIELDS: dict[str, tuple[type, str]] = {
     "image_lengths": (np.int64, "image_lengths"),
 }
 _STRING_FIELDS = (
-    "sample_id", "group_id", "task_name", "finish_reason", "prompt_text", "completion_text",
-    "rewards_json", "flags_json", "info_json", "answer_json",
+    "sample_id",
+    "group_id",
+    "task_name",
+    "finish_reason",
+    "prompt_text",
+    "completion_text",
+    "rewards_json",
+    "flags_json",
+    "info_json",
+    "answer_json",
 )
 _COLUMNS: dict[str, type] = {
-    "reward": np.float64, "num_turns": np.int32, "num_tool_calls": np.int32, "has_trainer_logprobs": np.int8,
-    "min_version": np.int32, "max_version": np.int32, "routing_layers": np.int16, "routing_topk": np.int16,
+    "reward": np.float64,
+    "num_turns": np.int32,
+    "num_tool_calls": np.int32,
+    "has_trainer_logprobs": np.int8,
+    "min_version": np.int32,
+    "max_version": np.int32,
+    "routing_layers": np.int16,
+    "routing_topk": np.int16,
     "step": np.int64,  # the commit mark (see module docstring), written after everything else
 }
 _OFFSET_FIELDS = ("prompt_ids", "completion_ids", "routed_experts", "image_bytes", "image_lengths", *_STRING_FIELDS)
@@ -75,7 +89,9 @@ def _to_json(value: Any) -> str:
 class RolloutStore:
     """Appends samples (with trainer log-probs when known) to one SWMR HDF5 file."""
 
-    def __init__(self, directory: str | os.PathLike, name: str = "rollouts", flush_every: int = 256, compression: int = 1):
+    def __init__(
+        self, directory: str | os.PathLike, name: str = "rollouts", flush_every: int = 256, compression: int = 1
+    ):
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
         self.directory = Path(directory)
@@ -99,13 +115,26 @@ class RolloutStore:
         f = h5py.File(tmp, "w", libver="latest")
         opts: dict[str, Any] = {"compression": "gzip", "compression_opts": compression} if compression else {}
         for field_name in _COLUMNS:
-            f.create_dataset(f"samples/{field_name}", (0,), maxshape=(None,), dtype=_COLUMNS[field_name], chunks=(_COLUMN_CHUNK,), **opts)
+            f.create_dataset(
+                f"samples/{field_name}",
+                (0,),
+                maxshape=(None,),
+                dtype=_COLUMNS[field_name],
+                chunks=(_COLUMN_CHUNK,),
+                **opts,
+            )
         for field_name in _OFFSET_FIELDS:
-            f.create_dataset(f"ragged/{field_name}/end", (0,), maxshape=(None,), dtype=np.int64, chunks=(_COLUMN_CHUNK,), **opts)
+            f.create_dataset(
+                f"ragged/{field_name}/end", (0,), maxshape=(None,), dtype=np.int64, chunks=(_COLUMN_CHUNK,), **opts
+            )
         for field_name, (dtype, _) in _TOKEN_FIELDS.items():
-            f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=dtype, chunks=(_VALUE_CHUNK,), **opts)
+            f.create_dataset(
+                f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=dtype, chunks=(_VALUE_CHUNK,), **opts
+            )
         for field_name in _STRING_FIELDS:
-            f.create_dataset(f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=np.uint8, chunks=(_VALUE_CHUNK,), **opts)
+            f.create_dataset(
+                f"ragged/{field_name}/values", (0,), maxshape=(None,), dtype=np.uint8, chunks=(_VALUE_CHUNK,), **opts
+            )
         f.attrs["format"] = "hetrl-rollouts-v3"  # v2: routed_experts; v3: images
         f.swmr_mode = True
         # Handles cached: h5py's path lookup per access dominated small flushes.
@@ -123,7 +152,9 @@ class RolloutStore:
         """Samples appended so far (written or pending)."""
         return self._num_written + len(self._pending)
 
-    def append(self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None) -> None:
+    def append(
+        self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None
+    ) -> None:
         """Queue one step's samples; ``trainer_logprobs[i]`` aligns with ``samples[i].completion_ids``."""
         if self._file is None:
             raise RuntimeError(f"rollout store {self.path} is closed")
@@ -132,7 +163,10 @@ class RolloutStore:
                 raise ValueError(f"got trainer log-probs for {len(trainer_logprobs)} samples, expected {len(samples)}")
             for s, lp in zip(samples, trainer_logprobs):
                 if len(lp) != len(s.completion_ids):
-                    raise ValueError(f"sample {s.sample_id}: {len(lp)} trainer log-probs for {len(s.completion_ids)} completion tokens")
+                    raise ValueError(
+                        f"sample {s.sample_id}: {len(lp)} trainer log-probs for {len(s.completion_ids)} completion "
+                        f"tokens"
+                    )
         for i, s in enumerate(samples):
             self._pending.append((int(step), s, None if trainer_logprobs is None else list(trainer_logprobs[i])))
         if len(self._pending) >= self.flush_every:
@@ -146,8 +180,11 @@ class RolloutStore:
             n = len(s.completion_ids)
             pngs = [to_png(image) for image in s.images]
             tokens = {
-                "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "loss_mask": s.loss_mask,
-                "engine_logprobs": s.logprobs, "versions": s.versions,
+                "prompt_ids": s.prompt_ids,
+                "completion_ids": s.completion_ids,
+                "loss_mask": s.loss_mask,
+                "engine_logprobs": s.logprobs,
+                "versions": s.versions,
                 "trainer_logprobs": trainer_lp if trainer_lp is not None else np.full(n, np.nan),
                 "routed_experts": s.routed_experts if s.routed_experts is not None else np.zeros(0),
                 "image_bytes": np.frombuffer(b"".join(pngs), dtype=np.uint8),
@@ -156,24 +193,37 @@ class RolloutStore:
             for k, (dtype, _) in _TOKEN_FIELDS.items():
                 values[k].append(np.asarray(tokens[k], dtype=dtype).reshape(-1))
             strings = {
-                "sample_id": s.sample_id, "group_id": s.group_id, "task_name": s.task_name, "finish_reason": s.finish_reason,
-                "prompt_text": s.prompt_text, "completion_text": s.completion_text, "rewards_json": _to_json(s.rewards),
-                "flags_json": _to_json(list(s.flags)), "info_json": _to_json(s.info), "answer_json": _to_json(s.answer),
+                "sample_id": s.sample_id,
+                "group_id": s.group_id,
+                "task_name": s.task_name,
+                "finish_reason": s.finish_reason,
+                "prompt_text": s.prompt_text,
+                "completion_text": s.completion_text,
+                "rewards_json": _to_json(s.rewards),
+                "flags_json": _to_json(list(s.flags)),
+                "info_json": _to_json(s.info),
+                "answer_json": _to_json(s.answer),
             }
             for k in _STRING_FIELDS:
                 values[k].append(np.frombuffer(strings[k].encode("utf-8"), dtype=np.uint8))
             versions = [v for v in s.versions if v >= 0]
             row = {
-                "step": step, "reward": s.reward, "num_turns": s.num_turns, "num_tool_calls": s.num_tool_calls,
+                "step": step,
+                "reward": s.reward,
+                "num_turns": s.num_turns,
+                "num_tool_calls": s.num_tool_calls,
                 "has_trainer_logprobs": trainer_lp is not None,
-                "min_version": min(versions, default=-1), "max_version": max(versions, default=-1),
+                "min_version": min(versions, default=-1),
+                "max_version": max(versions, default=-1),
                 "routing_layers": 0 if s.routed_experts is None else s.routed_experts.shape[1],
                 "routing_topk": 0 if s.routed_experts is None else s.routed_experts.shape[2],
             }
             for k in _COLUMNS:
                 columns[k].append(row[k])
         lengths = {k: np.array([len(v) for v in values[k]], dtype=np.int64) for k in _OFFSET_FIELDS}
-        flat = {k: np.concatenate(v) if v else np.zeros(0, _TOKEN_FIELDS.get(k, (np.uint8,))[0]) for k, v in values.items()}
+        flat = {
+            k: np.concatenate(v) if v else np.zeros(0, _TOKEN_FIELDS.get(k, (np.uint8,))[0]) for k, v in values.items()
+        }
         cols = {k: np.asarray(v, dtype=_COLUMNS[k]) for k, v in columns.items()}
         return flat, lengths, cols
 
@@ -214,7 +264,7 @@ class RolloutStore:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "RolloutStore":
+    def __enter__(self) -> RolloutStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -304,7 +354,9 @@ class RolloutReader:
         path = Path(path)
         self.directory = path / ROLLOUT_DIR if (path / ROLLOUT_DIR).is_dir() else path
         if not self.directory.is_dir():
-            raise FileNotFoundError(f"no rollout directory at {path} (expected RUN/{ROLLOUT_DIR}/ or a folder of .h5 files)")
+            raise FileNotFoundError(
+                f"no rollout directory at {path} (expected RUN/{ROLLOUT_DIR}/ or a folder of .h5 files)"
+            )
 
     def files(self) -> list[Path]:
         return sorted(self.directory.glob("*.h5"))
@@ -317,9 +369,23 @@ class RolloutReader:
             try:
                 steps, rewards = of.column("step"), of.column("reward")
                 lengths = np.diff(np.concatenate([[0], of.ends("completion_ids")]))
-                ids, tasks, flags, finish = (of.strings(k) for k in ("sample_id", "task_name", "flags_json", "finish_reason"))
+                ids, tasks, flags, finish = (
+                    of.strings(k) for k in ("sample_id", "task_name", "flags_json", "finish_reason")
+                )
                 for i in range(of.num):
-                    out.append(RolloutRow(str(path), i, int(steps[i]), ids[i], tasks[i], float(rewards[i]), int(lengths[i]), json.loads(flags[i]), finish[i]))
+                    out.append(
+                        RolloutRow(
+                            str(path),
+                            i,
+                            int(steps[i]),
+                            ids[i],
+                            tasks[i],
+                            float(rewards[i]),
+                            int(lengths[i]),
+                            json.loads(flags[i]),
+                            finish[i],
+                        )
+                    )
             finally:
                 of.close()
         return out
@@ -361,13 +427,25 @@ def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[
     text = {k: of.ragged(k, i, ends).tobytes().decode("utf-8") for k in _STRING_FIELDS}
     tok = {k: of.ragged(k, i, ends) for k in _TOKEN_FIELDS}
     sample = Sample(
-        sample_id=text["sample_id"], group_id=text["group_id"], task_name=text["task_name"],
-        prompt_ids=tok["prompt_ids"].tolist(), completion_ids=tok["completion_ids"].tolist(),
-        loss_mask=tok["loss_mask"].tolist(), logprobs=tok["engine_logprobs"].tolist(), versions=tok["versions"].tolist(),
-        finish_reason=text["finish_reason"], prompt_text=text["prompt_text"], completion_text=text["completion_text"],
-        answer=json.loads(text["answer_json"]), rewards=json.loads(text["rewards_json"]), reward=float(cols["reward"][i]),
-        flags=json.loads(text["flags_json"]), num_turns=int(cols["num_turns"][i]), num_tool_calls=int(cols["num_tool_calls"][i]),
-        info=json.loads(text["info_json"]), routed_experts=_routing(tok["routed_experts"], cols, i),
+        sample_id=text["sample_id"],
+        group_id=text["group_id"],
+        task_name=text["task_name"],
+        prompt_ids=tok["prompt_ids"].tolist(),
+        completion_ids=tok["completion_ids"].tolist(),
+        loss_mask=tok["loss_mask"].tolist(),
+        logprobs=tok["engine_logprobs"].tolist(),
+        versions=tok["versions"].tolist(),
+        finish_reason=text["finish_reason"],
+        prompt_text=text["prompt_text"],
+        completion_text=text["completion_text"],
+        answer=json.loads(text["answer_json"]),
+        rewards=json.loads(text["rewards_json"]),
+        reward=float(cols["reward"][i]),
+        flags=json.loads(text["flags_json"]),
+        num_turns=int(cols["num_turns"][i]),
+        num_tool_calls=int(cols["num_tool_calls"][i]),
+        info=json.loads(text["info_json"]),
+        routed_experts=_routing(tok["routed_experts"], cols, i),
         images=_images(tok["image_bytes"], tok["image_lengths"]),
     )
     trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][i] else None

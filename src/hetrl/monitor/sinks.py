@@ -96,8 +96,13 @@ class WandbSink:
     def __init__(self, wandb_module: Any, cfg: WandbConfig, run_dir: Path, run_config: Mapping[str, Any] | None):
         self._wandb = wandb_module
         self._run = wandb_module.init(
-            project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.name, dir=str(run_dir),
-            mode=cfg.mode, config=dict(run_config or {}), resume="allow",
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.name or run_dir.name,
+            dir=str(run_dir),
+            mode=cfg.mode,
+            config=dict(run_config or {}),
+            resume="allow",
         )
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -114,6 +119,8 @@ def build_wandb_sink(cfg: WandbConfig, run_dir: Path, run_config: Mapping[str, A
     try:
         wandb = importlib.import_module("wandb")
     except ImportError:
-        warnings.warn("monitor.wandb.enabled is true but the `wandb` package is not installed: W&B logging is off", stacklevel=2)
+        warnings.warn(
+            "monitor.wandb.enabled is true but the `wandb` package is not installed: W&B logging is off", stacklevel=2
+        )
         return None
     return WandbSink(wandb, cfg, run_dir, run_config)

@@ -24,10 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.reward import SandboxConfig, SandboxLimits
-from hetrl.reward.base import RewardValue
-from hetrl.reward.hacking import CHANNEL_TAMPER, EARLY_EXIT, EQ_OVERRIDE, FAKE_PASS_OUTPUT, HARNESS_TAMPER, fake_pass_output, is_hack, scan_code
-from hetrl.sandbox import ExecutionResult, SandboxPool
 from hetrl.records import Sample
+from hetrl.reward.base import RewardValue
+from hetrl.reward.hacking import (
+    CHANNEL_TAMPER,
+    EARLY_EXIT,
+    EQ_OVERRIDE,
+    FAKE_PASS_OUTPUT,
+    HARNESS_TAMPER,
+    fake_pass_output,
+    is_hack,
+    scan_code,
+)
+from hetrl.sandbox import ExecutionResult, SandboxPool
 
 HARNESS_SOURCE = Path(__file__).with_name("sandbox_harness.py").read_text()
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
@@ -60,13 +69,36 @@ def tests_from_asserts(source: str, entry_point: str) -> list[CallTest]:
             continue
         test = node.test
         try:
-            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) and isinstance(test.left, ast.Call):
-                tests.append(CallTest(entry_point, [ast.literal_eval(a) for a in test.left.args], ast.literal_eval(test.comparators[0])))
+            if (
+                isinstance(test, ast.Compare)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.left, ast.Call)
+            ):
+                tests.append(
+                    CallTest(
+                        entry_point,
+                        [ast.literal_eval(a) for a in test.left.args],
+                        ast.literal_eval(test.comparators[0]),
+                    )
+                )
                 continue
-            if (isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.Lt) and isinstance(test.left, ast.Call)
-                    and getattr(test.left.func, "id", "") == "abs" and isinstance(test.left.args[0], ast.BinOp)):
+            if (
+                isinstance(test, ast.Compare)
+                and isinstance(test.ops[0], ast.Lt)
+                and isinstance(test.left, ast.Call)
+                and getattr(test.left.func, "id", "") == "abs"
+                and isinstance(test.left.args[0], ast.BinOp)
+            ):
                 diff = test.left.args[0]
-                tests.append(CallTest(entry_point, [ast.literal_eval(a) for a in diff.left.args], ast.literal_eval(diff.right), ast.literal_eval(test.comparators[0])))
+                tests.append(
+                    CallTest(
+                        entry_point,
+                        [ast.literal_eval(a) for a in diff.left.args],
+                        ast.literal_eval(diff.right),
+                        ast.literal_eval(test.comparators[0]),
+                    )
+                )
                 continue
         except (ValueError, AttributeError, IndexError, TypeError):
             pass
@@ -95,10 +127,19 @@ def _freeze(key: Any) -> Any:
 
 def _equal(actual: Any, expected: Any, tol: float | None) -> bool:
     if tol is not None:
-        return isinstance(actual, (int, float)) and not isinstance(actual, bool) and math.isfinite(actual) and abs(actual - expected) < tol
+        return (
+            isinstance(actual, (int, float))
+            and not isinstance(actual, bool)
+            and math.isfinite(actual)
+            and abs(actual - expected) < tol
+        )
     if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
         return len(actual) == len(expected) and all(_equal(a, e, None) for a, e in zip(actual, expected))
-    return type(actual) is type(expected) and actual == expected or (isinstance(expected, float) and isinstance(actual, int) and actual == expected)
+    return (
+        type(actual) is type(expected)
+        and actual == expected
+        or (isinstance(expected, float) and isinstance(actual, int) and actual == expected)
+    )
 
 
 def parse_channel(data: bytes, n: int) -> tuple[dict[int, Any], set[str], dict[str, Any]]:
@@ -111,7 +152,12 @@ def parse_channel(data: bytes, n: int) -> tuple[dict[int, Any], set[str], dict[s
         try:
             rec = json.loads(line)
             event = rec["event"]
-            if event not in _EVENTS or facts["done"] or (k == 0) != (event == "start") or (event == "start" and rec["n"] != n):
+            if (
+                event not in _EVENTS
+                or facts["done"]
+                or (k == 0) != (event == "start")
+                or (event == "start" and rec["n"] != n)
+            ):
                 raise ValueError(event)
             if event in ("result", "error", "untrusted_type"):
                 i = rec["i"]
@@ -139,14 +185,18 @@ class _Missing:
 class CodeReward:
     """Reward function: fraction of the sample's tests passed (0 on any hack flag)."""
 
-    def __init__(self, sandbox_pool: SandboxPool | None = None, limits: dict[str, Any] | None = None, static_scan: bool = True) -> None:
+    def __init__(
+        self, sandbox_pool: SandboxPool | None = None, limits: dict[str, Any] | None = None, static_scan: bool = True
+    ) -> None:
         """``sandbox_pool``: the rubric's pool, built from the recipe's ``reward.sandbox`` (see
         ``Rubric.from_config``); without one (direct use) a pool with the default settings is built
         here and closed by ``close``. ``limits`` overrides some of the pool's limits for this function."""
         self._owns_pool = sandbox_pool is None
         self._pool = sandbox_pool or SandboxPool(SandboxConfig())
         base = self._pool.config.limits
-        self.limits = SandboxLimits(**{**base.model_dump(), **limits}) if limits else base  # unnamed ones stay the recipe's
+        self.limits = (
+            SandboxLimits(**{**base.model_dump(), **limits}) if limits else base
+        )  # unnamed ones stay the recipe's
         self.static_scan = static_scan
 
     def close(self) -> None:
@@ -160,24 +210,46 @@ class CodeReward:
         if "io" in spec:
             passed, total, run_flags, info = self._run_io(code, spec["io"])
         elif "calls" in spec or "asserts" in spec:
-            tests = [CallTest(**t) for t in spec["calls"]] if "calls" in spec else tests_from_asserts(spec["asserts"], spec["entry_point"])
+            tests = (
+                [CallTest(**t) for t in spec["calls"]]
+                if "calls" in spec
+                else tests_from_asserts(spec["asserts"], spec["entry_point"])
+            )
             passed, total, run_flags, info = self._run_calls(code, tests)
         else:
-            raise ValueError(f"sample {sample.sample_id}: code reward needs answer={{'calls'|'io'|'asserts': ...}}, got {type(sample.answer).__name__}")
+            raise ValueError(
+                f"sample {sample.sample_id}: code reward needs answer={{'calls'|'io'|'asserts': ...}}, got "
+                f"{type(sample.answer).__name__}"
+            )
         flags |= run_flags
         score = 0.0 if is_hack(sorted(flags)) or total == 0 else passed / total
-        return RewardValue(score, sorted(flags), {"code/tests_passed": float(passed), "code/tests_total": float(total)}, info)
+        return RewardValue(
+            score, sorted(flags), {"code/tests_passed": float(passed), "code/tests_total": float(total)}, info
+        )
 
     def _run_calls(self, code: str, tests: list[CallTest]) -> tuple[int, int, set[str], dict]:
         inputs = json.dumps([{"fn": t.fn, "args": t.args} for t in tests])
-        result = self._pool.run(argv=[self._pool.config.python, "-B", "-s", "harness.py"], files={"solution.py": code},
-                                ro_files={"harness.py": HARNESS_SOURCE, "inputs.json": inputs}, limits=self.limits, channel=True)
+        result = self._pool.run(
+            argv=[self._pool.config.python, "-B", "-s", "harness.py"],
+            files={"solution.py": code},
+            ro_files={"harness.py": HARNESS_SOURCE, "inputs.json": inputs},
+            limits=self.limits,
+            channel=True,
+        )
         values, flags, facts = parse_channel(result.channel, len(tests))
-        if not facts["done"] and not (result.timeout or result.memory_exceeded or result.output_truncated) and CHANNEL_TAMPER not in flags:
+        if (
+            not facts["done"]
+            and not (result.timeout or result.memory_exceeded or result.output_truncated)
+            and CHANNEL_TAMPER not in flags
+        ):
             flags.add(EARLY_EXIT)  # the process ended cleanly but the harness never finished
         if fake_pass_output(result.stdout + result.stderr):
             flags.add(FAKE_PASS_OUTPUT)
-        passed = sum(1 for i, t in enumerate(tests) if i in values and values[i] is not _Missing and _equal(values[i], t.expected, t.tol))
+        passed = sum(
+            1
+            for i, t in enumerate(tests)
+            if i in values and values[i] is not _Missing and _equal(values[i], t.expected, t.tol)
+        )
         return passed, len(tests), flags, {"reason": result.reason, "errors": facts["errors"]}
 
     def _run_io(self, code: str, tests: list[dict[str, str]]) -> tuple[int, int, set[str], dict]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _CTX = mp.get_context("spawn")
 

@@ -8,8 +8,8 @@ from its functions, so that verdict counts only through this one.
 
 from __future__ import annotations
 
-from hetrl.reward.base import RewardValue
 from hetrl.records import ENV_REWARD_KEY, Sample
+from hetrl.reward.base import RewardValue
 
 
 class EnvironmentReward:

@@ -24,14 +24,15 @@ import math
 import re
 import secrets
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from hetrl.config.reward import JudgeConfig
+from hetrl.records import Sample
 from hetrl.reward.base import RewardValue, ScoringUnavailable, policy_text, prompt_and_response
 from hetrl.reward.hacking import JUDGE_INJECTION
 from hetrl.reward.serving import Completion, CompletionResult
-from hetrl.records import Sample
 
 AskFn = Callable[[Completion], CompletionResult]
 
@@ -54,24 +55,33 @@ _MARKUP = re.compile(r"</?\s*(score|choice|response[-\w]*|rubric|system|judge)\b
 # the whole sample 0, so each pattern needs a self-reference, an addressee or an instruction AND a
 # grade word (score, marks, 10/10, ...) or a grader object (rubric, grading instructions), never
 # just a number or a plain "rules"/"instructions".
-_SELF = (r"(?:(?:this|my|the\s+(?:above|following|preceding|present|current|final|submitted))\s+(?:\w+\s+)?"
-         r"(?:answer|response|solution|submission|reply|essay|proof|attempt|completion|explanation|work))")
+_SELF = (
+    r"(?:(?:this|my|the\s+(?:above|following|preceding|present|current|final|submitted))\s+(?:\w+\s+)?"
+    r"(?:answer|response|solution|submission|reply|essay|proof|attempt|completion|explanation|work))"
+)
 _FRAC = r"(?:(?:10|100|5)\s*/\s*(?:10|100|5)\b|(?:10|100)\s+out\s+of\s+(?:10|100)\b)"
-_TOP = (rf"(?:{_FRAC}|full\s+(?:marks|credit|points|score)|perfect\s+(?:score|marks|grade|rating|10\b|100\b)"
-        r"|(?:the\s+)?(?:highest|maximum|max|top|best)(?:\s+possible)?\s+(?:score|grade|marks?|rating|points)"
-        r"|top\s+marks|five\s+stars|an?\s+(?-i:A\+?)(?![\w+])"
-        r"|(?:an?\s+)?(?:score|grade|rating|mark)\s+of\s+(?:10|100)\b)")
+_TOP = (
+    rf"(?:{_FRAC}|full\s+(?:marks|credit|points|score)|perfect\s+(?:score|marks|grade|rating|10\b|100\b)"
+    r"|(?:the\s+)?(?:highest|maximum|max|top|best)(?:\s+possible)?\s+(?:score|grade|marks?|rating|points)"
+    r"|top\s+marks|five\s+stars|an?\s+(?-i:A\+?)(?![\w+])"
+    r"|(?:an?\s+)?(?:score|grade|rating|mark)\s+of\s+(?:10|100)\b)"
+)
 # A bare 10 or 100 counts only after a grading verb ("score this 10") and when no ordinary word
 # follows it ("give it 10 minutes" is not a grade).
-_NUM = r"(?:an?\s+)?(?:10|100)(?:\.0+)?(?![\w.,/]*\d)(?!\s*(?!(?:for|because|since|as|and|please|now|points?|marks?|stars?)\b)[a-z])"
+_NUM = (
+    r"(?:an?\s+)?(?:10|100)(?:\.0+)?(?![\w.,/]*\d)"
+    r"(?!\s*(?!(?:for|because|since|as|and|please|now|points?|marks?|stars?)\b)[a-z])"
+)
 _ART = r"(?:(?:a|an|the)\s+)?"
 _VAL = rf"(?:{_ART}{_TOP}|{_NUM})"
 _GRADE = rf"(?:{_ART}{_TOP})"  # a grade word, not a bare number: what "give"/"return"/"output" need
 _VERDICT = r"(?:&lt;|<)\s*/?\s*(?:score|choice|verdict|grade)\s*(?:&gt;|>)"
 # What an override must be aimed at: the grader's rubric or instructions, not rules or instructions
 # in general ("ignore the rules of the road", "do not forget the instructions on the box").
-_GRADER_MODS = (r"(?:your|previous|prior|above|earlier|preceding|original|grading|scoring|evaluation|evaluator'?s?"
-                r"|marking|grader'?s?|judge'?s?|system)")
+_GRADER_MODS = (
+    r"(?:your|previous|prior|above|earlier|preceding|original|grading|scoring|evaluation|evaluator'?s?"
+    r"|marking|grader'?s?|judge'?s?|system)"
+)
 _GRADER_OBJECT = (
     r"(?:(?:(?:all|any|the|your|these|those|of)\s+)*(?:\w+\s+)?rubrics?\b"
     r"|(?:(?:all|any|the|these|those|of)\s+)*(?:the\s+)?(?:system\s+prompt|marking\s+scheme)\b"
@@ -144,8 +154,9 @@ _INJECTION_COMPACT = re.compile(
     r"|notetothe(?:grader|judge|evaluator)|(?:grader|evaluator)note|asthe(?:judge|grader|evaluator)you"
 )
 _ZERO_WIDTH_CATEGORIES = ("Cf", "Mn", "Me")  # format chars (zero-width, bidi, soft hyphen) and combining marks
-_CONFUSABLES = str.maketrans("аеорсухіјѕԁɡАВЕКМНОРСТХІЈЅαεορτυνκιΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
-                             "aeopcyxijsdgABEKMHOPCTXIJSaeoptuvkiABEZHIKMNOPTYX")
+_CONFUSABLES = str.maketrans(
+    "аеорсухіјѕԁɡАВЕКМНОРСТХІЈЅαεορτυνκιΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "aeopcyxijsdgABEKMHOPCTXIJSaeoptuvkiABEZHIKMNOPTYX"
+)
 _LEET = re.compile(r"(?<=[a-z])[013457@$]|[013457@$](?=[a-z])", re.I)
 _LEET_MAP = str.maketrans("013457@$", "oieastas")
 _SPACED = re.compile(r"(?<![\w/])(?:[a-z0-9/][ .\-_·•*]){2,}[a-z0-9/](?![\w/])", re.I)
@@ -185,7 +196,7 @@ def _compact_spaced_match(unmasked: str) -> bool:
             spaced.append(inside[i])
     compact = "".join(chars)
     for m in _INJECTION_COMPACT.finditer(compact):
-        if 2 * sum(spaced[m.start():m.end()]) >= m.end() - m.start():
+        if 2 * sum(spaced[m.start() : m.end()]) >= m.end() - m.start():
             return True
     return False
 
@@ -268,7 +279,8 @@ class JudgeVerdict:
 
 
 class JudgePipeline:
-    """The judge's whole procedure for one response (or one pair), around any model that answers a :class:`Completion`."""
+    """The judge's whole procedure for one response (or one pair), around any model that answers a
+    :class:`Completion`."""
 
     def __init__(self, ask: AskFn, config: JudgeConfig | None = None) -> None:
         self.ask = ask
@@ -283,8 +295,14 @@ class JudgePipeline:
             return JudgeVerdict(0.0, [JUDGE_INJECTION], 0, False)
         for attempt in range(1, cfg.max_retries + 2):
             # A fresh nonce each try: a response cannot learn the fence from a failed attempt.
-            text = self.template.format(rubric=cfg.rubric, nonce=secrets.token_hex(8), prompt=prepare_response(prompt, cfg.max_response_chars),
-                                        response=prepare_response(response, cfg.max_response_chars), lo=cfg.min_score, hi=cfg.max_score)
+            text = self.template.format(
+                rubric=cfg.rubric,
+                nonce=secrets.token_hex(8),
+                prompt=prepare_response(prompt, cfg.max_response_chars),
+                response=prepare_response(response, cfg.max_response_chars),
+                lo=cfg.min_score,
+                hi=cfg.max_score,
+            )
             score, mass = self._score(text)
             if score is not None:
                 return JudgeVerdict((score - cfg.min_score) / (cfg.max_score - cfg.min_score), [], attempt, False, mass)
@@ -309,7 +327,10 @@ class JudgePipeline:
         first = self._choice(pp, pa, pb)
         swapped = self._choice(pp, pb, pa)
         swapped = {"A": "B", "B": "A"}.get(swapped, swapped)
-        metrics = {"judge/position_inconsistent": float(first != swapped), "judge/failures": float(first is None or swapped is None)}
+        metrics = {
+            "judge/position_inconsistent": float(first != swapped),
+            "judge/failures": float(first is None or swapped is None),
+        }
         return (first if first == swapped and first is not None else "tie"), metrics
 
     def _choice(self, prompt: str, a: str, b: str) -> str | None:
@@ -353,7 +374,8 @@ class JudgeServer(Protocol):
 
 
 class JudgeReward:
-    """Reward function over ``JudgePipeline``: the served judge (resource ``reward_server``), configured by ``reward.judge``."""
+    """Reward function over ``JudgePipeline``: the served judge (resource ``reward_server``), configured by
+    ``reward.judge``."""
 
     def __init__(self, reward_server: JudgeServer, judge_config: JudgeConfig) -> None:
         self.pipeline = JudgePipeline(reward_server.judge, judge_config)

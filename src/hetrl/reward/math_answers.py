@@ -46,10 +46,10 @@ from math_verify import parse, verify
 from math_verify.grader import get_pct_val
 from sympy.matrices.expressions import MatrixExpr
 
+from hetrl.records import Sample
 from hetrl.reward.base import RewardValue
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
-from hetrl.records import Sample
 
 # math-verify warns on every call that its (signal-based) timeouts are off: we hold the deadline.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -76,16 +76,22 @@ _WITH_UNITS = replace(_BASIC_LATEX, units=True)
 # Plain answers, read without sympy. A scalar: an integer, decimal or fraction; at the top level also with a
 # currency sign, thousands commas or a \text{} unit (math-verify drops those).
 _FAST_MAX_CHARS = 400  # plain answers are short: longer text goes to the worker without a regex pass
-_SCALAR = (r"(?P<sign>[-+]?)\s*(?:(?P<num>\d{1,100}(?:\.\d{1,15})?|\.\d{1,15})"
-           r"|\\[dt]?frac\s*\{\s*(?P<fn>-?\d{1,50})\s*\}\s*\{\s*(?P<fd>\d{1,50})\s*\}"
-           r"|\\[dt]?frac(?P<sn>\d)(?P<sd>\d)|(?P<an>\d{1,50})/(?P<ad>\d{1,50}))")
+_SCALAR = (
+    r"(?P<sign>[-+]?)\s*(?:(?P<num>\d{1,100}(?:\.\d{1,15})?|\.\d{1,15})"
+    r"|\\[dt]?frac\s*\{\s*(?P<fn>-?\d{1,50})\s*\}\s*\{\s*(?P<fd>\d{1,50})\s*\}"
+    r"|\\[dt]?frac(?P<sn>\d)(?P<sd>\d)|(?P<an>\d{1,50})/(?P<ad>\d{1,50}))"
+)
 # A unit: words in \text{} (math-verify first rewrites "and", "or", "percent", "inf..." in there), with a power.
-_UNIT = (r"\\(?:text|textnormal|textrm|textit|textbf|mbox|mathrm|mathit|mathbf)\s*"
-         r"\{(?![^}]*(?:\b(?:and|or|percent|percentage|pct|sqrt)\b|inf))[A-Za-z /]*\}(?:\^\d|\^\{\d\})?")
+_UNIT = (
+    r"\\(?:text|textnormal|textrm|textit|textbf|mbox|mathrm|mathit|mathbf)\s*"
+    r"\{(?![^}]*(?:\b(?:and|or|percent|percentage|pct|sqrt)\b|inf))[A-Za-z /]*\}(?:\^\d|\^\{\d\})?"
+)
 # A unit must end the answer: math-verify drops it only there (a space after it keeps it, and the number is lost).
 # Thousands commas take no spacing command before a unit: what is left of it hides the number as a set ("1,000\,").
-_NUMBER = re.compile(rf"(?:\\\$\s*)?(?:(?P<thousands>-?[1-9]\d{{0,2}}(?:(?:,|\{{,\}})\d{{3}})+)\s*(?:{_UNIT})?"
-                     rf"|{_SCALAR}(?:(?:\s|\\[,;:! ])*{_UNIT}|\s*))")
+_NUMBER = re.compile(
+    rf"(?:\\\$\s*)?(?:(?P<thousands>-?[1-9]\d{{0,2}}(?:(?:,|\{{,\}})\d{{3}})+)\s*(?:{_UNIT})?"
+    rf"|{_SCALAR}(?:(?:\s|\\[,;:! ])*{_UNIT}|\s*))"
+)
 _ELEMENT = re.compile(rf"\s*{_SCALAR}\s*")
 _INFINITY = re.compile(r"\s*([-+]?)\s*\\infty\s*")
 _THOUSANDS_LIKE = re.compile(r"\d,\d{3}(?!\d)")  # "1,000" in a list: math-verify may read one number
@@ -97,9 +103,11 @@ _SIGNIFICANT_DIGITS = 15  # math-verify's floats carry 15: a longer decimal is n
 # "the final answer is X" (math-verify's top-priority patterns, when nothing else can outrank that statement).
 _NUMERAL_TEXT = r"(?:-(?!0\d))?\d{1,100}(?:\.\d{1,15})?"  # math-verify cannot read "-007"
 _NUMERAL = re.compile(rf"\s*({_NUMERAL_TEXT})\s*")
-_STATED = re.compile(r"(?i:final answer is):?\s*"
-                     rf"(?:\$(?P<latex>[^$\n]{{1,400}})\$|(?P<numeral>{_NUMERAL_TEXT}))"
-                     r"(?P<hope>\. ?I hope it is correct\.?)?\.?\s*$")
+_STATED = re.compile(
+    r"(?i:final answer is):?\s*"
+    rf"(?:\$(?P<latex>[^$\n]{{1,400}})\$|(?P<numeral>{_NUMERAL_TEXT}))"
+    r"(?P<hope>\. ?I hope it is correct\.?)?\.?\s*$"
+)
 _FINAL_ANSWER = re.compile(r"(?i:final answer)")
 
 
@@ -141,7 +149,7 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     for match in _BOXED.finditer(text):
         end = closing.get(match.end() - 1)
         if end is not None:
-            out.append((match.start(), end, text[match.end():end].strip()))
+            out.append((match.start(), end, text[match.end() : end].strip()))
     return out
 
 
@@ -162,7 +170,7 @@ def find_answer(completion: str) -> FinalAnswer:
         return FinalAnswer(completion, boxed=False)
     group = [boxes[-1]]
     for box in reversed(boxes[:-1]):
-        between = completion[box[1] + 1:group[-1][0]]
+        between = completion[box[1] + 1 : group[-1][0]]
         if len(between) < 10 or (box[2] != group[-1][2] and len(between) < 70 and _BOX_SEPARATOR.search(between)):
             group.append(box)
         else:
@@ -170,7 +178,7 @@ def find_answer(completion: str) -> FinalAnswer:
     contents = [content for _, _, content in reversed(group)]
     joined = [c for i, c in enumerate(contents) if i == 0 or c != contents[i - 1]]
     distinct = {_SPACE.sub("", c) for c in contents}
-    earlier = boxes[:len(boxes) - len(group)]
+    earlier = boxes[: len(boxes) - len(group)]
     stray = next((c for _, _, c in reversed(earlier) if _SPACE.sub("", c) not in distinct), "")
     if _FINAL_ANSWER.search(completion, boxes[-1][1]):  # "The final answer is ..." after the box outranks it
         return FinalAnswer(completion, False, stray=stray)
@@ -362,7 +370,7 @@ def _dropped_tail(content: str) -> str:
     """
     box = f"\\boxed{{{content}}}"
     full, kept = normalize_latex(box, _BASIC_LATEX), normalize_latex(box, _WITH_UNITS)
-    return full[len(kept):] if full.startswith(kept) else ""
+    return full[len(kept) :] if full.startswith(kept) else ""
 
 
 def _partial(content: str) -> bool:
@@ -427,8 +435,9 @@ def _sympy_verdict(answer: FinalAnswer, gold: str, rel_tol: float) -> MathVerdic
         if single and (several or _ALTERNATIVES.search(answer.text)):
             return MathVerdict(False, [MULTIPLE_ANSWERS], "several alternatives in one answer", answer.text)
         if _partial(answer.text):
-            return MathVerdict(False, [PARTIAL_PARSE], f"answer {answer.text!r} only partly parsed as {matched!r}",
-                               answer.text)
+            return MathVerdict(
+                False, [PARTIAL_PARSE], f"answer {answer.text!r} only partly parsed as {matched!r}", answer.text
+            )
     if not verify(list(reference), pred, timeout_seconds=None):
         return MathVerdict(False, [], "wrong answer", matched)
     if not _tolerance_ok(reference[0], pred[0], rel_tol):
@@ -446,8 +455,7 @@ def check_answer(completion: str, gold: str, rel_tol: float = 1e-6) -> MathVerdi
 class MathVerifier:
     """Thread-safe front of the check: plain answers in process, the rest in deadline workers, verdicts cached."""
 
-    def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6,
-                 cache_size: int = 4096) -> None:
+    def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6, cache_size: int = 4096) -> None:
         self.rel_tol = rel_tol
         self.cache_size = cache_size
         self._caller = DeadlineCaller(_sympy_verdict, workers=workers, timeout_s=timeout_s)
@@ -468,7 +476,9 @@ class MathVerifier:
         if verdict is None:
             try:
                 verdict = self._caller.call(answer, gold, self.rel_tol)
-            except TimeoutError as exc:  # not cached: under load a right answer may time out once and must not stay wrong
+            except (
+                TimeoutError
+            ) as exc:  # not cached: under load a right answer may time out once and must not stay wrong
                 return MathVerdict(False, [TIMEOUT], str(exc))
             except RuntimeError as exc:  # a dead or unstartable worker says nothing about the answer: not cached
                 return MathVerdict(False, [ERROR], str(exc))
@@ -491,8 +501,9 @@ class MathReward:
     the text, and a policy that sprays digits gets paid for the right one by chance.
     """
 
-    def __init__(self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6,
-                 answer_tag: str | None = None) -> None:
+    def __init__(
+        self, timeout_s: float = 5.0, workers: int = 1, rel_tol: float = 1e-6, answer_tag: str | None = None
+    ) -> None:
         self.verifier = MathVerifier(timeout_s=timeout_s, workers=workers, rel_tol=rel_tol)
         tag = re.escape(answer_tag) if answer_tag else None
         self.tag_pattern = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL) if tag else None

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hetrl.reward.base import RewardValue, conversation
 from hetrl.records import Sample
+from hetrl.reward.base import RewardValue, conversation
 
 
 class RewardModelServer(Protocol):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
+from hetrl.records import Sample
 from hetrl.reward.base import RewardFn, RewardOutcome, ScoringUnavailable, as_value
 from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
-from hetrl.records import Sample
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,13 @@ def _takes(factory: Any, name: str) -> bool:
 
 
 class Rubric:
-    def __init__(self, functions: list[WeightedFn], clip_min: float = -10.0, clip_max: float = 10.0,
-                 owned: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        functions: list[WeightedFn],
+        clip_min: float = -10.0,
+        clip_max: float = 10.0,
+        owned: list[Any] | None = None,
+    ) -> None:
         sources = [f.source for f in functions]
         if len(set(sources)) != len(sources):
             raise ValueError(f"reward sources must be unique (set `source:` to use a function twice), got {sources}")
@@ -64,19 +69,23 @@ class Rubric:
         self.owned = list(owned or [])  # resources this rubric built (its sandbox pool): closed in ``close``
 
     @classmethod
-    def from_config(cls, config: RewardConfig, resources: dict[str, Any] | None = None) -> "Rubric":
+    def from_config(cls, config: RewardConfig, resources: dict[str, Any] | None = None) -> Rubric:
         # The math verifier gets a worker process per scoring thread: sympy answers then check side by side.
         resources = {"timeout_s": config.math_timeout_s, "workers": config.workers, **(resources or {})}
         factories = [(f, resolve(f.name)) for f in config.functions]
         owned: list[Any] = []
         try:
-            if "sandbox_pool" not in resources and any(_takes(factory, "sandbox_pool") and "sandbox_pool" not in f.kwargs
-                                                       for f, factory in factories):
+            if "sandbox_pool" not in resources and any(
+                _takes(factory, "sandbox_pool") and "sandbox_pool" not in f.kwargs for f, factory in factories
+            ):
                 from hetrl.sandbox.pool import SandboxPool
 
                 resources["sandbox_pool"] = SandboxPool(config.sandbox)
                 owned.append(resources["sandbox_pool"])
-            fns = [WeightedFn(f.resolved_source, _construct(factory, f.kwargs, resources), f.weight) for f, factory in factories]
+            fns = [
+                WeightedFn(f.resolved_source, _construct(factory, f.kwargs, resources), f.weight)
+                for f, factory in factories
+            ]
         except BaseException:
             for resource in owned:
                 resource.close()

@@ -63,7 +63,11 @@ def main():
             send(event="error", i=i, error=_type(exc).__name__)
             continue
         send(event="result", i=i, value=encoded)
-    planted = sorted(n for n in os.listdir(".") if n in ("conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini") or n.endswith(".pth"))
+    planted = sorted(
+        n
+        for n in os.listdir(".")
+        if n in ("conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini") or n.endswith(".pth")
+    )
     send(event="done", planted=planted)
 
 

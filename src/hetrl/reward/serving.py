@@ -131,7 +131,8 @@ class JudgeEngine:
 
 
 class RewardModelScorer:
-    """A frozen sequence-classification reward model; ``policy`` puts a fresh seeded scalar head on the initial policy."""
+    """A frozen sequence-classification reward model; ``policy`` puts a fresh seeded scalar head on the initial
+    policy."""
 
     def __init__(self, model_dir: Path, config: RewardModelConfig, seed: int, fresh_head: bool) -> None:
         import torch

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from hetrl.reward.base import RewardValue
 from hetrl.records import Sample
+from hetrl.reward.base import RewardValue
 
 
 class FormatReward:
@@ -31,14 +31,16 @@ class FormatReward:
 class OverlongPenalty:
     """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), on L = completion tokens:
 
-        R(L) = 0                          if L <= L_max - L_cache
-             = (L_max - L_cache - L) / L_cache * penalty   if L_max - L_cache < L <= L_max
-             = -penalty                   if L > L_max  (or the sample was cut at max_tokens)
+    R(L) = 0                          if L <= L_max - L_cache
+         = (L_max - L_cache - L) / L_cache * penalty   if L_max - L_cache < L <= L_max
+         = -penalty                   if L > L_max  (or the sample was cut at max_tokens)
     """
 
     def __init__(self, max_tokens: int, buffer_tokens: int, penalty: float = 1.0) -> None:
         if not 0 < buffer_tokens <= max_tokens:
-            raise ValueError(f"overlong penalty needs 0 < buffer_tokens <= max_tokens, got {buffer_tokens}, {max_tokens}")
+            raise ValueError(
+                f"overlong penalty needs 0 < buffer_tokens <= max_tokens, got {buffer_tokens}, {max_tokens}"
+            )
         self.max_tokens, self.buffer, self.penalty = max_tokens, buffer_tokens, penalty
 
     def __call__(self, sample: Sample) -> RewardValue:

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from hetrl.reward.rubric import Rubric
 from hetrl.records import Sample
+from hetrl.reward.rubric import Rubric
 
 
 class ConcurrentScorer:

@@ -42,8 +42,10 @@ def torchvision_state() -> str:
 
 
 def _pixtral_num_image_tokens(*args: object, **kwargs: object) -> tuple[int, int]:
-    raise RuntimeError("Pixtral vision towers need torchvision, which this CPU install leaves out "
-                       "(hetrl.rollout.cpu_torchvision_shim); serve them where a working torchvision is installed")
+    raise RuntimeError(
+        "Pixtral vision towers need torchvision, which this CPU install leaves out "
+        "(hetrl.rollout.cpu_torchvision_shim); serve them where a working torchvision is installed"
+    )
 
 
 def install_pixtral_stand_in() -> bool:
@@ -52,7 +54,9 @@ def install_pixtral_stand_in() -> bool:
         return True
     if importlib.util.find_spec("torchvision") is not None:
         return False
-    stand_in = _StandIn(PIXTRAL_IMAGE_PROCESSING, "hetrl's stand-in: transformers' Pixtral image processor without torchvision")
+    stand_in = _StandIn(
+        PIXTRAL_IMAGE_PROCESSING, "hetrl's stand-in: transformers' Pixtral image processor without torchvision"
+    )
     stand_in._num_image_tokens = _pixtral_num_image_tokens
     sys.modules[PIXTRAL_IMAGE_PROCESSING] = stand_in
     return True
@@ -62,8 +66,10 @@ class _StandIn(types.ModuleType):
     """A module whose every other attribute names why it is missing."""
 
     def __getattr__(self, name: str) -> object:
-        raise AttributeError(f"{self.__name__}.{name}: transformers' Pixtral image processor needs torchvision, "
-                             "which this CPU install leaves out (hetrl.rollout.cpu_torchvision_shim)")
+        raise AttributeError(
+            f"{self.__name__}.{name}: transformers' Pixtral image processor needs torchvision, "
+            "which this CPU install leaves out (hetrl.rollout.cpu_torchvision_shim)"
+        )
 
 
 def apply(architecture: str) -> bool:
@@ -75,8 +81,10 @@ def apply(architecture: str) -> bool:
     if state == "working":
         return False
     if state != "absent":
-        raise RuntimeError(f"torchvision is installed but does not import beside this torch ({state}); on CPU machines "
-                           "uninstall it (pip uninstall torchvision; install.sh does): hetrl runs without it there")
+        raise RuntimeError(
+            f"torchvision is installed but does not import beside this torch ({state}); on CPU machines "
+            "uninstall it (pip uninstall torchvision; install.sh does): hetrl runs without it there"
+        )
     install_pixtral_stand_in()
     from vllm.model_executor.models import ModelRegistry
 

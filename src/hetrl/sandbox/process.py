@@ -13,8 +13,8 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 _READ_CHUNK = 65536
 
@@ -73,9 +73,17 @@ def supervise(
     """
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        pass_fds=pass_fds, env=env, cwd=cwd, start_new_session=True,
-        user=user, group=user, extra_groups=[] if user is not None else None,
+        argv,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=pass_fds,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        user=user,
+        group=user,
+        extra_groups=[] if user is not None else None,
     )
     for fd in pass_fds:
         os.close(fd)
@@ -93,7 +101,9 @@ def supervise(
     return result
 
 
-def _pump(proc: subprocess.Popen, result: Supervised, deadline: float, cap: int, stdin: bytes | None, extra: dict[str, int]) -> None:
+def _pump(
+    proc: subprocess.Popen, result: Supervised, deadline: float, cap: int, stdin: bytes | None, extra: dict[str, int]
+) -> None:
     sel = selectors.DefaultSelector()
     bufs: dict[str, bytearray] = {}
     readers = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), **extra}

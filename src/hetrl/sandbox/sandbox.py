@@ -61,7 +61,7 @@ class ExecutionResult:
     channel: bytes = b""  # what the harness wrote to the channel fd (when ``channel=True``)
 
     @classmethod
-    def failure(cls, reason: str, wall_s: float = 0.0) -> "ExecutionResult":
+    def failure(cls, reason: str, wall_s: float = 0.0) -> ExecutionResult:
         return cls(False, None, "", "", False, False, False, reason, wall_s)
 
 
@@ -121,8 +121,10 @@ def check_binds(config: SandboxConfig) -> None:
     """Refuse a bind that would replace one of the sandbox's own mounts (its private /tmp, /work, /proc, /dev)."""
     clash = [b for b in config.ro_binds if any(os.path.normpath(b) == mount for mount in _OWN_MOUNTS)]
     if clash:
-        raise ValueError(f"reward.sandbox.ro_binds {clash} would replace the sandbox's own {', '.join(_OWN_MOUNTS)}: "
-                         "bind a path inside them instead")
+        raise ValueError(
+            f"reward.sandbox.ro_binds {clash} would replace the sandbox's own {', '.join(_OWN_MOUNTS)}: "
+            "bind a path inside them instead"
+        )
 
 
 def check_python(config: SandboxConfig, isolation: IsolationReport) -> str:
@@ -140,16 +142,22 @@ def check_python(config: SandboxConfig, isolation: IsolationReport) -> str:
     if isolation.isolated:
         binds = [b for b in config.ro_binds if os.path.lexists(b)]
         real_binds = [os.path.realpath(b) for b in binds]
-        if not any(_under(python, b) for b in binds) or not any(_under(os.path.realpath(python), b) for b in real_binds):
-            raise ValueError(f"{where} is not visible inside the sandbox: it (and {os.path.realpath(python)!r}) must lie "
-                             f"under one of reward.sandbox.ro_binds={list(config.ro_binds)}")
+        if not any(_under(python, b) for b in binds) or not any(
+            _under(os.path.realpath(python), b) for b in real_binds
+        ):
+            raise ValueError(
+                f"{where} is not visible inside the sandbox: it (and {os.path.realpath(python)!r}) must lie "
+                f"under one of reward.sandbox.ro_binds={list(config.ro_binds)}"
+            )
     return python
 
 
 class Sandbox:
     """One execution slot. Thread-compatible: one ``run`` at a time per instance (the pool ensures it)."""
 
-    def __init__(self, config: SandboxConfig | None = None, slot: int = 0, isolation: IsolationReport | None = None) -> None:
+    def __init__(
+        self, config: SandboxConfig | None = None, slot: int = 0, isolation: IsolationReport | None = None
+    ) -> None:
         self.config = config or SandboxConfig()
         self.isolation = isolation or detect_isolation()
         require_isolation(self.isolation, self.config.allow_unisolated)
@@ -194,14 +202,26 @@ class Sandbox:
         if self._uid is None:
             nproc += _count_user_tasks(os.getuid())
         return [
-            self.isolation.prlimit, f"--as={limits.memory_mb * _MIB}", f"--cpu={limits.cpu_s}",
-            f"--nproc={nproc}", f"--nofile={limits.max_open_files}", f"--fsize={limits.max_file_bytes}", "--core=0", "--",
+            self.isolation.prlimit,
+            f"--as={limits.memory_mb * _MIB}",
+            f"--cpu={limits.cpu_s}",
+            f"--nproc={nproc}",
+            f"--nofile={limits.max_open_files}",
+            f"--fsize={limits.max_file_bytes}",
+            "--core=0",
+            "--",
         ]
 
     def _execute(self, argv, files, ro_files, stdin, limits: SandboxLimits, channel: bool) -> ExecutionResult:
         fds: list[int] = []
         extra: dict[str, int] = {}
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": WORKDIR,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         if self.isolation.isolated:  # bwrap reports its namespace init's pid here
             info_read, info_write = os.pipe()
             extra["info"] = info_read
@@ -221,8 +241,16 @@ class Sandbox:
                 self._write_unisolated(tmpdir, files, ro_files)
                 cmd, run_env, cwd = self._prlimit(limits) + argv, {**env, "HOME": tmpdir, "TMPDIR": tmpdir}, tmpdir
             raw = supervise(
-                cmd, deadline_s=limits.wall_s, max_output_bytes=limits.max_output_bytes, stdin=stdin,
-                extra_reads=extra, pass_fds=tuple(fds), env=run_env, cwd=cwd, user=self._uid, inner_pid=_namespace_init,
+                cmd,
+                deadline_s=limits.wall_s,
+                max_output_bytes=limits.max_output_bytes,
+                stdin=stdin,
+                extra_reads=extra,
+                pass_fds=tuple(fds),
+                env=run_env,
+                cwd=cwd,
+                user=self._uid,
+                inner_pid=_namespace_init,
             )
         finally:
             if tmpdir is not None:
@@ -242,7 +270,20 @@ class Sandbox:
         # (say /) cannot cover the private /tmp and /work.
         inner = [b for b in self.config.ro_binds if _under_own_mount(b)]
         cmd += bind_args([b for b in self.config.ro_binds if b not in inner])
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+        cmd += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            size,
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            size,
+            "--tmpfs",
+            WORKDIR,
+        ]
         cmd += bind_args(inner)
         dirs = sorted({os.path.dirname(n) for n in [*files, *ro_files] if "/" in n})
         for d in dirs:
@@ -281,7 +322,10 @@ class Sandbox:
         if timeout:
             reason = f"timeout: wall-clock deadline of {limits.wall_s:g}s exceeded, process tree killed"
         elif truncated:
-            reason = f"output limit: {'/'.join(sorted(raw.truncated))} exceeded {limits.max_output_bytes} bytes, process tree killed"
+            reason = (
+                f"output limit: {'/'.join(sorted(raw.truncated))} exceeded {limits.max_output_bytes} bytes, process "
+                f"tree killed"
+            )
         elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and not memory):
             # RLIMIT_CPU sends SIGXCPU at its soft limit and SIGKILL at its hard one. Nothing else
             # here sends SIGKILL: the deadline and output kills are flagged above, and RLIMIT_AS
@@ -297,6 +341,15 @@ class Sandbox:
         else:
             reason = "ok"
         return ExecutionResult(
-            success=reason == "ok", exit_code=status, stdout=stdout, stderr=stderr, timeout=timeout, memory_exceeded=memory and not timeout,
-            output_truncated=truncated, reason=reason, wall_s=raw.wall_s, signal=sig, channel=raw.streams.get("channel", b""),
+            success=reason == "ok",
+            exit_code=status,
+            stdout=stdout,
+            stderr=stderr,
+            timeout=timeout,
+            memory_exceeded=memory and not timeout,
+            output_truncated=truncated,
+            reason=reason,
+            wall_s=raw.wall_s,
+            signal=sig,
+            channel=raw.streams.get("channel", b""),
         )

@@ -49,7 +49,9 @@ from torch import Tensor
 _STD_EPS = 1e-6
 
 
-def group_index(group_ids: Sequence[Any] | Tensor, num_samples: int, device: torch.device | None = None) -> tuple[Tensor, int]:
+def group_index(
+    group_ids: Sequence[Any] | Tensor, num_samples: int, device: torch.device | None = None
+) -> tuple[Tensor, int]:
     """Map arbitrary group ids to ``(index [N] in 0..G-1, G)``, in order of first appearance."""
     if isinstance(group_ids, Tensor):
         ids = group_ids.tolist()
@@ -171,7 +173,9 @@ def token_rewards(scores: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coe
     position 0 so that a per-sequence sum still sees it; its advantages are 0 anyway.
     """
     if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
-        raise ValueError(f"scores must be [N] with N = mask rows, got {tuple(scores.shape)} vs mask {tuple(mask.shape)}")
+        raise ValueError(
+            f"scores must be [N] with N = mask rows, got {tuple(scores.shape)} vs mask {tuple(mask.shape)}"
+        )
     valid = (mask > 0).float()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if mask.shape[1] == 0:

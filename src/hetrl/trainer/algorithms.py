@@ -44,7 +44,6 @@ from hetrl.monitor import names
 from hetrl.trainer import advantages as adv
 from hetrl.trainer import losses
 
-
 # Metrics of the loss that hetrl.monitor.names does not list (yet); the others use its constants.
 # (The engine/trainer mismatch itself is measured from the samples by hetrl.monitor.mismatch.)
 IS_WEIGHT_MEAN = "is/weight_mean"  # mean IS correction weight over policy tokens (0 for rejected ones)
@@ -60,7 +59,9 @@ class LossInputs:
     """Per-token tensors of one micro-batch, all ``[B, T]``."""
 
     logprobs: Tensor  # current policy log-probs of completion tokens (requires grad)
-    old_logprobs: Tensor  # policy the step starts from (trainer-recomputed; == logprobs.detach() on the first minibatch)
+    old_logprobs: (
+        Tensor  # policy the step starts from (trainer-recomputed; == logprobs.detach() on the first minibatch)
+    )
     advantages: Tensor  # per-token advantages (sequence advantages broadcast)
     mask: Tensor  # float 1 for policy tokens to train on
     rollout_logprobs: Tensor | None = None  # engine log-probs, for the IS correction
@@ -71,7 +72,9 @@ class LossInputs:
 def _policy_loss(algo: AlgorithmConfig, inputs: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token policy loss of the named algorithm and its clip masks (low/high/dual)."""
     if algo.name == "cispo":
-        per_token, truncated = losses.cispo_loss(inputs.logprobs, inputs.old_logprobs, inputs.advantages, algo.cispo_clip_high)
+        per_token, truncated = losses.cispo_loss(
+            inputs.logprobs, inputs.old_logprobs, inputs.advantages, algo.cispo_clip_high
+        )
         return per_token, {"low": torch.zeros_like(truncated), "high": truncated}
     if algo.name == "gspo":
         ratio = losses.gspo_ratio(inputs.logprobs, inputs.old_logprobs, inputs.mask)
@@ -87,10 +90,17 @@ def _is_weights(
     if algo.is_correction == "none":
         return None
     if inputs.rollout_logprobs is None:
-        warnings.warn(f"algorithm.is_correction={algo.is_correction!r} is ignored: no rollout_logprobs were given", stacklevel=3)
+        warnings.warn(
+            f"algorithm.is_correction={algo.is_correction!r} is ignored: no rollout_logprobs were given", stacklevel=3
+        )
         return None
     weights, rejected, truncated = losses.importance_weights(
-        inputs.old_logprobs, inputs.rollout_logprobs, inputs.mask, algo.is_correction, algo.is_level, algo.is_threshold,
+        inputs.old_logprobs,
+        inputs.rollout_logprobs,
+        inputs.mask,
+        algo.is_correction,
+        algo.is_level,
+        algo.is_threshold,
         algo.resolved_is_threshold_low,
     )
     metrics[IS_WEIGHT_MEAN] = token_mean(weights)
@@ -115,7 +125,8 @@ def compute_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one micro-batch and its detached metrics.
 
-    ``loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy``, each part an ``agg`` (``losses.aggregate`` with the algorithm's aggregation mode
+    ``loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy``, each part an ``agg``
+    (``losses.aggregate`` with the algorithm's aggregation mode
     and the given global normalisers; None: this micro-batch's own): ``loss/policy`` of the
     IS-weighted per-token policy loss, ``loss/kl`` of ``KL_k(pi || pi_ref)`` with the configured
     estimator (only when ``kl_coef > 0`` and the KL is not folded into the reward),
@@ -129,8 +140,14 @@ def compute_loss(
     ``is/masked_frac`` and ``is/truncated_frac``.
     """
     mask = inputs.mask.float()
-    agg = partial(losses.aggregate, mask=mask, mode=algo.resolved_loss_aggregation,
-                  num_global_tokens=num_global_tokens, num_global_seqs=num_global_seqs, max_len=max_len)
+    agg = partial(
+        losses.aggregate,
+        mask=mask,
+        mode=algo.resolved_loss_aggregation,
+        num_global_tokens=num_global_tokens,
+        num_global_seqs=num_global_seqs,
+        max_len=max_len,
+    )
     token_mean = partial(losses.token_mean, mask=mask, num_global_tokens=num_global_tokens)
     metrics: dict[str, Tensor] = {}
     per_token, clipped = _policy_loss(algo, inputs)
@@ -179,10 +196,20 @@ def compute_value_loss(
     """
     mask = mask.float()
     per_token, clipped = losses.clipped_value_loss(values, old_values, returns, algo.value_clip)
-    loss = losses.aggregate(per_token, mask, algo.resolved_loss_aggregation, num_global_tokens=num_global_tokens,
-                            num_global_seqs=num_global_seqs, max_len=max_len)
+    loss = losses.aggregate(
+        per_token,
+        mask,
+        algo.resolved_loss_aggregation,
+        num_global_tokens=num_global_tokens,
+        num_global_seqs=num_global_seqs,
+        max_len=max_len,
+    )
     token_mean = partial(losses.token_mean, mask=mask, num_global_tokens=num_global_tokens)
-    metrics = {names.LOSS_VALUE: loss.detach(), VALUE_CLIP_FRAC: token_mean(clipped.float()), names.VALUE_MEAN: token_mean(values.detach())}
+    metrics = {
+        names.LOSS_VALUE: loss.detach(),
+        VALUE_CLIP_FRAC: token_mean(clipped.float()),
+        names.VALUE_MEAN: token_mean(values.detach()),
+    }
     return loss, metrics
 
 
@@ -222,7 +249,9 @@ def shape_rewards(
         shaped = shaped + adv.overlong_penalty(lengths, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
     if algo.kl_in_reward and algo.kl_coef > 0:
         if old_logprobs is None or ref_logprobs is None:
-            raise ValueError("algorithm.kl_in_reward needs old_logprobs and ref_logprobs to fold the KL into the reward")
+            raise ValueError(
+                "algorithm.kl_in_reward needs old_logprobs and ref_logprobs to fold the KL into the reward"
+            )
         kl = losses.kl_estimate(old_logprobs.detach(), ref_logprobs.detach(), algo.kl_estimator)
         return adv.token_rewards(shaped, mask, kl, algo.kl_coef)
     return shaped
@@ -247,7 +276,11 @@ def compute_advantages(
     the last policy token. ``gae`` needs the value model's ``values`` ``[N, T]`` at rollout time
     and whitens the advantages over the batch, as PPO implementations do.
     """
-    if rewards.dim() not in (1, 2) or rewards.shape[0] != mask.shape[0] or (rewards.dim() == 2 and rewards.shape != mask.shape):
+    if (
+        rewards.dim() not in (1, 2)
+        or rewards.shape[0] != mask.shape[0]
+        or (rewards.dim() == 2 and rewards.shape != mask.shape)
+    ):
         raise ValueError(f"rewards must be [N] or [N, T] matching mask {tuple(mask.shape)}, got {tuple(rewards.shape)}")
     estimator = algo.resolved_advantage
     if estimator in ("grpo", "grpo_no_std", "rloo"):

@@ -43,9 +43,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from hetrl.records import Sample
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 from hetrl.trainer.vision import ImageSpec, model_length, model_tokens, pixel_values
-from hetrl.records import Sample
 
 PAD_TOKEN_ID = 0  # masked everywhere it appears; right padding under a causal mask changes nothing
 
@@ -116,9 +116,12 @@ class TrainBatch:
     @property
     def shape(self) -> tuple[int, int]:
         """The largest ``(rows, tokens)`` of any micro-batch."""
-        return (max(mb.tokens.shape[0] for mb in self.micro_batches), max(mb.tokens.shape[1] for mb in self.micro_batches))
+        return (
+            max(mb.tokens.shape[0] for mb in self.micro_batches),
+            max(mb.tokens.shape[1] for mb in self.micro_batches),
+        )
 
-    def padded_to(self, num_micro_batches: int) -> "TrainBatch":
+    def padded_to(self, num_micro_batches: int) -> TrainBatch:
         """The same batch with filler micro-batches (no policy tokens) appended up to the count."""
         missing = num_micro_batches - len(self.micro_batches)
         if missing < 0:
@@ -126,17 +129,18 @@ class TrainBatch:
         template = self.micro_batches[0]
         return replace(self, micro_batches=self.micro_batches + [_filler(template) for _ in range(missing)])
 
-    def uniform(self) -> "TrainBatch":
+    def uniform(self) -> TrainBatch:
         """Every micro-batch padded to the same ``[R, T]`` (pipeline p2p transfers need one shape)."""
         rows, length = self.shape
         return replace(self, micro_batches=[_pad_rows(mb, rows, length) for mb in self.micro_batches])
 
-    def with_length_multiple(self, multiple: int) -> "TrainBatch":
+    def with_length_multiple(self, multiple: int) -> TrainBatch:
         """Every attention span a multiple of ``multiple`` tokens (context-parallel slicing).
 
         Rows are right-padded; packed samples each get their own padding, so that every CP rank
         holds its share of every sample (what transformer-engine's THD context parallelism needs).
         """
+
         def pad(mb: MicroBatch) -> MicroBatch:
             if mb.cu_seqlens_padded is not None:
                 return _pad_spans(mb, multiple)
@@ -145,7 +149,7 @@ class TrainBatch:
 
         return replace(self, micro_batches=[pad(mb) for mb in self.micro_batches])
 
-    def with_advantages(self, advantages: Tensor) -> "TrainBatch":
+    def with_advantages(self, advantages: Tensor) -> TrainBatch:
         """The same batch carrying the advantages of the step's full batch, masked by each loss mask.
 
         ``advantages`` are ``[num_global_samples]`` (one per sample, broadcast over its completion
@@ -153,7 +157,10 @@ class TrainBatch:
         once every rank has the full batch's log-probs and values); this rank keeps its own rows.
         """
         local = _advantage_rows(advantages, self.num_global_samples, self.max_completion_len)[self.global_indices]
-        return replace(self, micro_batches=[replace(mb, advantages=self.gather(local, mb) * mb.loss_mask) for mb in self.micro_batches])
+        return replace(
+            self,
+            micro_batches=[replace(mb, advantages=self.gather(local, mb) * mb.loss_mask) for mb in self.micro_batches],
+        )
 
     def scatter(self, per_micro_batch: Sequence[Tensor]) -> Tensor:
         """Sample-space tensors of each micro-batch ``[n, Tc_mb]`` -> one ``[N, Tc]`` in batch order."""
@@ -190,7 +197,9 @@ def _advantage_rows(advantages: Tensor, num_samples: int, width: int) -> Tensor:
     """Per-token advantages ``[N, width]``: an ``[N]`` sequence advantage is broadcast over tokens."""
     adv = advantages.float()
     if adv.dim() not in (1, 2) or adv.shape[0] != num_samples:
-        raise ValueError(f"advantages must be [N] or [N, Tc] with N={num_samples} samples, got shape {tuple(adv.shape)}")
+        raise ValueError(
+            f"advantages must be [N] or [N, Tc] with N={num_samples} samples, got shape {tuple(adv.shape)}"
+        )
     if adv.dim() == 1:
         return adv[:, None].expand(num_samples, width)
     if adv.shape[1] < width:
@@ -239,8 +248,9 @@ def _cumulative(lengths: Sequence[int]) -> Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
 
 
-def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list[list[int]], packed: bool,
-                       images: ImageSpec | None) -> MicroBatch:
+def _build_micro_batch(
+    samples: Sequence[Sample], indices: list[int], rows: list[list[int]], packed: bool, images: ImageSpec | None
+) -> MicroBatch:
     """Lay out the samples ``rows`` (local positions into ``indices``) as one micro-batch.
 
     Unpacked, each row holds one sample; packed, the rows' samples follow each other in one row.
@@ -268,11 +278,13 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
             i = len(order)
             s = samples[indices[k]]
             if not s.prompt_ids:
-                raise ValueError(f"sample {s.sample_id} has an empty prompt: its first token has nothing to condition on")
+                raise ValueError(
+                    f"sample {s.sample_id} has an empty prompt: its first token has nothing to condition on"
+                )
             layout = model_tokens(s, images)
             ids, c = layout.ids, len(s.completion_ids)
-            tokens[r, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
-            positions[r, offset:offset + len(ids)] = torch.arange(len(ids))
+            tokens[r, offset : offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            positions[r, offset : offset + len(ids)] = torch.arange(len(ids))
             # each original completion token is read where the model predicts it (one position before it)
             gather[i, :c] = r * length + offset - 1 + torch.tensor(layout.completion_at, dtype=torch.long)
             if layout.image_positions:
@@ -281,17 +293,27 @@ def _build_micro_batch(samples: Sequence[Sample], indices: list[int], rows: list
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             rollout[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
             if routed is not None and s.routed_experts is not None:
-                routed[r, offset:offset + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype("int64"))
+                routed[r, offset : offset + len(ids) - 1] = torch.from_numpy(s.routed_experts.astype("int64"))
             order.append(indices[k])
             offset += len(ids)
     lengths = [model_length(s, images) for s in seqs]
     cu = _cumulative(lengths) if packed else None
     with_images = images is not None and bool(row_images)
     return MicroBatch(
-        tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=cu, cu_seqlens_padded=cu,
-        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
-        sample_indices=order, num_tokens=sum(lengths), routed_experts=routed,
-        pixel_values=pixel_values(row_images, images) if with_images else None, image_mask=image_mask if with_images else None,
+        tokens=tokens,
+        position_ids=positions,
+        labels=_shift_left(tokens),
+        cu_seqlens=cu,
+        cu_seqlens_padded=cu,
+        gather_index=gather,
+        loss_mask=loss_mask,
+        rollout_logprobs=rollout * loss_mask,
+        advantages=torch.zeros(n, width),
+        sample_indices=order,
+        num_tokens=sum(lengths),
+        routed_experts=routed,
+        pixel_values=pixel_values(row_images, images) if with_images else None,
+        image_mask=image_mask if with_images else None,
     )
 
 
@@ -316,17 +338,19 @@ def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], group
     for t, (group, tree) in enumerate(zip(groups, trees)):
         prompt = tree[0].prompt_ids
         if not prompt:
-            raise ValueError(f"sample {tree[0].sample_id} has an empty prompt: its first token has nothing to condition on")
+            raise ValueError(
+                f"sample {tree[0].sample_id} has an empty prompt: its first token has nothing to condition on"
+            )
         shared = len(prompt) - 1
-        tokens[0, offset:offset + shared] = torch.tensor(prompt[:-1], dtype=torch.long)
-        positions[0, offset:offset + shared] = torch.arange(shared)
-        tree_ids[:, 0, offset:offset + shared] = torch.tensor([[t], [0]])
+        tokens[0, offset : offset + shared] = torch.tensor(prompt[:-1], dtype=torch.long)
+        positions[0, offset : offset + shared] = torch.arange(shared)
+        tree_ids[:, 0, offset : offset + shared] = torch.tensor([[t], [0]])
         offset += shared
         for branch, (k, s) in enumerate(zip(group, tree), start=1):
             ids, c = [prompt[-1], *s.completion_ids], len(s.completion_ids)
-            tokens[0, offset:offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
-            positions[0, offset:offset + len(ids)] = shared + torch.arange(len(ids))
-            tree_ids[:, 0, offset:offset + len(ids)] = torch.tensor([[t], [branch]])
+            tokens[0, offset : offset + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            positions[0, offset : offset + len(ids)] = shared + torch.arange(len(ids))
+            tree_ids[:, 0, offset : offset + len(ids)] = torch.tensor([[t], [branch]])
             i = len(order)
             gather[i, :c] = offset + torch.arange(c)  # the branch's position j predicts its token j
             loss_mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
@@ -334,9 +358,18 @@ def _build_tree_micro_batch(samples: Sequence[Sample], indices: list[int], group
             order.append(indices[k])
             offset += len(ids)
     return MicroBatch(
-        tokens=tokens, position_ids=positions, labels=_shift_left(tokens), cu_seqlens=None, cu_seqlens_padded=None,
-        gather_index=gather, loss_mask=loss_mask, rollout_logprobs=rollout * loss_mask, advantages=torch.zeros(n, width),
-        sample_indices=order, num_tokens=length, tree_ids=tree_ids,
+        tokens=tokens,
+        position_ids=positions,
+        labels=_shift_left(tokens),
+        cu_seqlens=None,
+        cu_seqlens_padded=None,
+        gather_index=gather,
+        loss_mask=loss_mask,
+        rollout_logprobs=rollout * loss_mask,
+        advantages=torch.zeros(n, width),
+        sample_indices=order,
+        num_tokens=length,
+        tree_ids=tree_ids,
     )
 
 
@@ -353,8 +386,10 @@ def _routing_layout(seqs: Sequence[Sample], rows: int, length: int) -> Tensor | 
         raise ValueError(f"samples carry routing of different shapes (layers, top_k): {sorted(shapes)}")
     missing = [s.sample_id for s in seqs if s.routed_experts is None and any(s.loss_mask)]
     if missing:
-        raise ValueError(f"routing replay: samples {missing[:3]} have policy tokens but no engine routing "
-                         "(were they generated with rollout.return_routing / routing_replay on?)")
+        raise ValueError(
+            f"routing replay: samples {missing[:3]} have policy tokens but no engine routing "
+            "(were they generated with rollout.return_routing / routing_replay on?)"
+        )
     return torch.full((rows, length, *shapes.pop()), -1, dtype=torch.long)
 
 
@@ -377,7 +412,8 @@ def build_train_batch(
 
     Without ``pack_length`` each micro-batch holds up to ``micro_batch_size`` samples, one per row.
     With it, samples are first packed into bins of at most ``pack_length`` tokens, and each
-    micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. Advantages are zero (attach them with
+    micro-batch holds up to ``micro_batch_size`` bins, laid out as one packed (THD) row. Advantages are zero (attach
+    them with
     :meth:`TrainBatch.with_advantages`). ``global_indices`` places these samples in the step's full
     batch of ``num_global_samples`` (default: they are all of it). ``images`` (a vision-language
     policy's :func:`hetrl.trainer.vision.image_spec`) expands image placeholders in model space and
@@ -406,17 +442,26 @@ def build_train_batch(
         indices = [i for r in row_ids for i in rows[r]]
         local = {i: k for k, i in enumerate(indices)}
         local_rows = [[local[i] for i in rows[r]] for r in row_ids]
-        micro.append(_build_tree_micro_batch(samples, indices, local_rows) if shared_prompts
-                     else _build_micro_batch(samples, indices, local_rows, bool(pack_length), images))
+        micro.append(
+            _build_tree_micro_batch(samples, indices, local_rows)
+            if shared_prompts
+            else _build_micro_batch(samples, indices, local_rows, bool(pack_length), images)
+        )
     indices = list(range(len(samples))) if global_indices is None else list(global_indices)
     if len(indices) != len(samples):
         raise ValueError(f"global_indices has {len(indices)} entries for {len(samples)} samples")
-    return TrainBatch(micro_batches=micro, num_samples=len(samples), max_completion_len=width, global_indices=indices,
-                      num_global_samples=len(samples) if num_global_samples is None else num_global_samples)
+    return TrainBatch(
+        micro_batches=micro,
+        num_samples=len(samples),
+        max_completion_len=width,
+        global_indices=indices,
+        num_global_samples=len(samples) if num_global_samples is None else num_global_samples,
+    )
 
 
-def shard_for_data_parallel(samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None,
-                            shared_prompts: bool = False) -> list[int]:
+def shard_for_data_parallel(
+    samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None, shared_prompts: bool = False
+) -> list[int]:
     """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced (model) tokens.
 
     With ``shared_prompts`` the samples of a group's row stay on one rank (equal counts of rows, +-1).
@@ -437,10 +482,20 @@ def _filler(template: MicroBatch) -> MicroBatch:
     zeros = torch.zeros(1, 1)
     cu = None if template.cu_seqlens is None else _cumulative([length])
     return MicroBatch(
-        tokens=tokens, position_ids=torch.zeros_like(tokens), labels=tokens.clone(), cu_seqlens=cu, cu_seqlens_padded=cu,
-        gather_index=torch.zeros(1, 1, dtype=torch.long), loss_mask=zeros, rollout_logprobs=zeros.clone(),
-        advantages=zeros.clone(), sample_indices=[], num_tokens=0,
-        routed_experts=None if template.routed_experts is None else torch.full((1, length, *template.routed_experts.shape[2:]), -1),
+        tokens=tokens,
+        position_ids=torch.zeros_like(tokens),
+        labels=tokens.clone(),
+        cu_seqlens=cu,
+        cu_seqlens_padded=cu,
+        gather_index=torch.zeros(1, 1, dtype=torch.long),
+        loss_mask=zeros,
+        rollout_logprobs=zeros.clone(),
+        advantages=zeros.clone(),
+        sample_indices=[],
+        num_tokens=0,
+        routed_experts=None
+        if template.routed_experts is None
+        else torch.full((1, length, *template.routed_experts.shape[2:]), -1),
     )
 
 
@@ -466,10 +521,18 @@ def _pad_rows(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
         routed = torch.nn.functional.pad(routed, (0, 0, 0, 0, 0, length - t, 0, rows - r), value=-1)
     image_mask = None if mb.image_mask is None else torch.nn.functional.pad(mb.image_mask, grow, value=False)
     tree_ids = None if mb.tree_ids is None else torch.nn.functional.pad(mb.tree_ids, grow, value=PAD_BRANCH)
-    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, tree_ids=tree_ids,
-                   position_ids=torch.nn.functional.pad(mb.position_ids, grow),
-                   labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID), cu_seqlens=cu, cu_seqlens_padded=cu_padded,
-                   gather_index=gather)
+    return replace(
+        mb,
+        tokens=tokens,
+        routed_experts=routed,
+        image_mask=image_mask,
+        tree_ids=tree_ids,
+        position_ids=torch.nn.functional.pad(mb.position_ids, grow),
+        labels=torch.nn.functional.pad(mb.labels, grow, value=PAD_TOKEN_ID),
+        cu_seqlens=cu,
+        cu_seqlens_padded=cu_padded,
+        gather_index=gather,
+    )
 
 
 def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
@@ -484,7 +547,7 @@ def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
     cu_padded = _cumulative(lengths)
     moved = torch.arange(mb.tokens.shape[1])  # old position -> new position
     for (start, span), new_start in zip(old, cu_padded.tolist()):
-        moved[start:start + span] += new_start - start
+        moved[start : start + span] += new_start - start
     tokens = torch.full((1, int(cu_padded[-1])), PAD_TOKEN_ID, dtype=torch.long)
     tokens[0, moved] = mb.tokens[0]
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
@@ -494,5 +557,13 @@ def _pad_spans(mb: MicroBatch, multiple: int) -> MicroBatch:
     image_mask = mb.image_mask
     if image_mask is not None:
         image_mask = torch.zeros(1, tokens.shape[1], dtype=torch.bool).index_copy_(1, moved, image_mask)
-    return replace(mb, tokens=tokens, routed_experts=routed, image_mask=image_mask, position_ids=positions, labels=_shift_left(tokens), cu_seqlens_padded=cu_padded,
-                   gather_index=moved[mb.gather_index])
+    return replace(
+        mb,
+        tokens=tokens,
+        routed_experts=routed,
+        image_mask=image_mask,
+        position_ids=positions,
+        labels=_shift_left(tokens),
+        cu_seqlens_padded=cu_padded,
+        gather_index=moved[mb.gather_index],
+    )

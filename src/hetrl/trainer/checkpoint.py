@@ -27,16 +27,15 @@ starts helper processes with the ``spawn`` method, so the program's entry point 
 
 from __future__ import annotations
 
-import json
-import os
 import multiprocessing
-from multiprocessing.managers import SyncManager
+import os
 import random
 import re
 import shutil
 import signal
 import warnings
 from dataclasses import dataclass, field
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +77,10 @@ def start_checkpoint_writer() -> None:
     if getattr(filesystem_async, "_results_queue", None) is not None:
         return
     if not hasattr(filesystem_async, "_results_queue"):
-        raise RuntimeError("megatron-core's FileSystemWriterAsync no longer keeps a module-level _results_queue: "
-                           "revisit hetrl.trainer.checkpoint.start_checkpoint_writer for this version")
+        raise RuntimeError(
+            "megatron-core's FileSystemWriterAsync no longer keeps a module-level _results_queue: "
+            "revisit hetrl.trainer.checkpoint.start_checkpoint_writer for this version"
+        )
     manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
     manager.start(initializer=_ignore_stop_signals)
     filesystem_async._results_queue = manager.Queue()
@@ -106,7 +107,9 @@ def latest_checkpoint(root: str | Path) -> Path | None:
         return None
     target = Path(root) / pointer.read_text().strip()
     if not target.is_dir():
-        raise RuntimeError(f"{pointer} names {target.name}, which does not exist: the checkpoint root was modified by hand")
+        raise RuntimeError(
+            f"{pointer} names {target.name}, which does not exist: the checkpoint root was modified by hand"
+        )
     return target
 
 
@@ -166,7 +169,13 @@ def remove_stale(root: Path, keep: int) -> None:
 
 
 def _layout(pg) -> dict[str, int]:
-    return {"world": dist.get_world_size(), "tp": pg.tp.size(), "pp": pg.pp.size(), "ep": pg.ep.size(), "dp_cp": pg.dp_cp.size()}
+    return {
+        "world": dist.get_world_size(),
+        "tp": pg.tp.size(),
+        "pp": pg.pp.size(),
+        "ep": pg.ep.size(),
+        "dp_cp": pg.dp_cp.size(),
+    }
 
 
 def _rng_state() -> dict[str, Any]:
@@ -207,8 +216,9 @@ def _sharded_state(model, optimizer, pg, *, is_loading: bool, name: str = "model
     model_sd = unwrap(model).sharded_state_dict(prefix="" if name == "model" else f"{name}.", metadata=metadata)
     state = {name: model_sd}
     if optimizer is not None:
-        state["optimizer" if name == "model" else f"{name}_optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
-                                                                                                       metadata=metadata)
+        state["optimizer" if name == "model" else f"{name}_optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata=metadata
+        )
     return state
 
 
@@ -302,7 +312,9 @@ def load_checkpoint(
     if (path / LATEST).exists():
         path = latest_checkpoint(path)
     if not path.is_dir() or path.name.endswith(".tmp"):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint directory (a step_N/ directory or a root with a 'latest' file)")
+        raise FileNotFoundError(
+            f"{path} is not a complete checkpoint directory (a step_N/ directory or a root with a 'latest' file)"
+        )
     common = dist_checkpointing.load_common_state_dict(str(path))["hetrl"]
     same_layout = common["layout"] == _layout(pg)
     request = _sharded_state(model, optimizer, pg, is_loading=True)
@@ -313,7 +325,10 @@ def load_checkpoint(
     if load_rng and same_layout:
         request["rng"] = _rng_object(dist.get_rank(), dist.get_world_size(), None)
     elif load_rng:
-        warnings.warn(f"checkpoint layout {common['layout']} differs from this run's {_layout(pg)}: RNG states not restored", stacklevel=2)
+        warnings.warn(
+            f"checkpoint layout {common['layout']} differs from this run's {_layout(pg)}: RNG states not restored",
+            stacklevel=2,
+        )
     loaded = dist_checkpointing.load(request, str(path))
     unwrap(model).load_state_dict(loaded["model"])
     if optimizer is not None:
@@ -322,7 +337,9 @@ def load_checkpoint(
     if scheduler is not None and common["scheduler"] is not None:
         scheduler.load_state_dict(common["scheduler"])
     if critic is not None:
-        unwrap(critic[0]).load_state_dict({key.removeprefix("critic."): value for key, value in loaded["critic"].items()})
+        unwrap(critic[0]).load_state_dict(
+            {key.removeprefix("critic."): value for key, value in loaded["critic"].items()}
+        )
         if critic[1] is not None:
             critic[1].load_state_dict(loaded["critic_optimizer"])
             use_fused_adam(critic[1])

@@ -59,7 +59,9 @@ def _local_positions(spans: tuple[tuple[int, int], ...], cp_size: int, cp_rank: 
     held = []
     for start, length in spans:
         if length % (2 * cp_size):
-            raise ValueError(f"a context-parallel span must be a multiple of 2 x cp = {2 * cp_size} tokens, got {length}")
+            raise ValueError(
+                f"a context-parallel span must be a multiple of 2 x cp = {2 * cp_size} tokens, got {length}"
+            )
         chunk = length // (2 * cp_size)
         for index in (cp_rank, 2 * cp_size - 1 - cp_rank):
             held.append(torch.arange(start + index * chunk, start + (index + 1) * chunk))
@@ -76,15 +78,27 @@ def shard_micro_batch(mb: MicroBatch, cp_size: int, cp_rank: int) -> MicroBatch:
         return mb
     keep = local_positions(mb.spans, cp_size, cp_rank)
     routed = None if mb.routed_experts is None else mb.routed_experts[:, keep]
-    return replace(mb, tokens=mb.tokens[:, keep], position_ids=mb.position_ids[:, keep], labels=mb.labels[:, keep], routed_experts=routed)
+    return replace(
+        mb,
+        tokens=mb.tokens[:, keep],
+        position_ids=mb.position_ids[:, keep],
+        labels=mb.labels[:, keep],
+        routed_experts=routed,
+    )
 
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather of CP slices along ``dim`` into full, position-ordered sequences."""
 
     @staticmethod
-    def forward(ctx: Any, local: Tensor, group: dist.ProcessGroup, dim: int, sum_grads: bool,
-                spans: Sequence[tuple[int, int]] | None) -> Tensor:
+    def forward(
+        ctx: Any,
+        local: Tensor,
+        group: dist.ProcessGroup,
+        dim: int,
+        sum_grads: bool,
+        spans: Sequence[tuple[int, int]] | None,
+    ) -> Tensor:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         spans = spans or [(0, local.shape[dim] * size)]
         ctx.group, ctx.dim, ctx.sum_grads = group, dim, sum_grads
@@ -103,8 +117,14 @@ class _GatherSequence(torch.autograd.Function):
         return grad.index_select(ctx.dim, ctx.keep), None, None, None, None
 
 
-def gather_sequence(local: Tensor, group: dist.ProcessGroup, *, dim: int, sum_grads: bool,
-                    spans: Sequence[tuple[int, int]] | None = None) -> Tensor:
+def gather_sequence(
+    local: Tensor,
+    group: dist.ProcessGroup,
+    *,
+    dim: int,
+    sum_grads: bool,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> Tensor:
     """The full rows from every CP rank's slice (see the module docstring for ``sum_grads``).
 
     ``spans`` give the row's attention spans (packed samples); default: the row is one span.
@@ -131,9 +151,17 @@ class AllGatherAttention(torch.nn.Module):
     without CP.
     """
 
-    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                 attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+    ) -> None:
         super().__init__()
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
@@ -148,13 +176,23 @@ class AllGatherAttention(torch.nn.Module):
         self.cp_group = None if config.context_parallel_size == 1 else pg_collection.cp
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
         if attention_bias is not None:
             raise ValueError("AllGatherAttention takes no attention bias")
         if attention_mask is not None:
             if packed_seq_params is not None or self.cp_group is not None:
-                raise ValueError("shared-prompt rows (tree ids in attention_mask) run without packing or context parallelism")
+                raise ValueError(
+                    "shared-prompt rows (tree ids in attention_mask) run without packing or context parallelism"
+                )
             return shared_prompts.tree_attention(query, key, value, attention_mask, self.softmax_scale)
         if packed_seq_params is None:  # [s, b, h, d]: one span per row, the batch folded into sdpa's batch dim
             out = self._attend(query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), dim=2)
@@ -164,7 +202,9 @@ class AllGatherAttention(torch.nn.Module):
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [h, t, d]
         return self._attend(q, k, v, dim=1, spans=spans).transpose(0, 1).reshape(query.shape[0], -1)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, dim: int, spans: list[tuple[int, int]] | None = None) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, dim: int, spans: list[tuple[int, int]] | None = None
+    ) -> Tensor:
         """Causal attention of this rank's queries along ``dim``, span by span (``[..., s, d]`` layouts)."""
         if self.cp_group is not None:
             k = gather_sequence(k, self.cp_group, dim=dim, sum_grads=True, spans=spans)
@@ -173,7 +213,9 @@ class AllGatherAttention(torch.nn.Module):
             k = k.repeat_interleave(q.shape[dim - 1] // k.shape[dim - 1], dim=dim - 1)
             v = v.repeat_interleave(q.shape[dim - 1] // v.shape[dim - 1], dim=dim - 1)
         spans = spans or [(0, k.shape[dim])]
-        cp_size, cp_rank = (1, 0) if self.cp_group is None else (dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group))
+        cp_size, cp_rank = (
+            (1, 0) if self.cp_group is None else (dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group))
+        )
         outputs, offset = [], 0
         for start, length in spans:
             rows = length // cp_size  # this rank's queries of the span
@@ -181,9 +223,13 @@ class AllGatherAttention(torch.nn.Module):
             k_span, v_span = k.narrow(dim, start, length), v.narrow(dim, start, length)
             offset += rows
             if cp_size == 1:
-                outputs.append(F.scaled_dot_product_attention(q_span, k_span, v_span, is_causal=True, scale=self.softmax_scale))
+                outputs.append(
+                    F.scaled_dot_product_attention(q_span, k_span, v_span, is_causal=True, scale=self.softmax_scale)
+                )
                 continue
             q_pos = local_positions([(0, length)], cp_size, cp_rank).to(q.device)
             allowed = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
-            outputs.append(F.scaled_dot_product_attention(q_span, k_span, v_span, attn_mask=allowed, scale=self.softmax_scale))
+            outputs.append(
+                F.scaled_dot_product_attention(q_span, k_span, v_span, attn_mask=allowed, scale=self.softmax_scale)
+            )
         return torch.cat(outputs, dim=dim) if len(outputs) > 1 else outputs[0]

@@ -53,12 +53,17 @@ class ValueTrainer:
         max_len: int | None = None,
     ) -> None:
         self.algo_cfg, self.groups, self.max_len = algo_cfg, groups, max_len
-        self.trainer_cfg = trainer_cfg.model_copy(update={"lr": critic_cfg.lr, "min_lr": min(trainer_cfg.min_lr, critic_cfg.lr)})
+        self.trainer_cfg = trainer_cfg.model_copy(
+            update={"lr": critic_cfg.lr, "min_lr": min(trainer_cfg.min_lr, critic_cfg.lr)}
+        )
         # Another seed than the policy's: a fresh critic's body must not be the fresh policy's.
-        module = build_gpt_model(model_cfg, self.trainer_cfg, pg_collection=groups.pg_collection, seed=seed + 1, value_head=True)
+        module = build_gpt_model(
+            model_cfg, self.trainer_cfg, pg_collection=groups.pg_collection, seed=seed + 1, value_head=True
+        )
         self.model = wrap_ddp(module, self.trainer_cfg, groups.pg_collection)
-        self.optimizer, self.scheduler = build_optimizer(self.model, self.trainer_cfg, total_steps=total_steps,
-                                                         pg_collection=groups.pg_collection)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, self.trainer_cfg, total_steps=total_steps, pg_collection=groups.pg_collection
+        )
 
     @property
     def module(self) -> torch.nn.Module:
@@ -95,9 +100,16 @@ class ValueTrainer:
 
         def loss_func(mb: MicroBatch, output: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             values = sample_values(output, mb, self.groups)
-            loss, metrics = compute_value_loss(self.algo_cfg, values, batch.gather(local_old, mb), batch.gather(local_returns, mb),
-                                               mb.loss_mask.to(values.device), num_global_tokens=num_tokens,
-                                               num_global_seqs=num_seqs, max_len=self.max_len)
+            loss, metrics = compute_value_loss(
+                self.algo_cfg,
+                values,
+                batch.gather(local_old, mb),
+                batch.gather(local_returns, mb),
+                mb.loss_mask.to(values.device),
+                num_global_tokens=num_tokens,
+                num_global_seqs=num_seqs,
+                max_len=self.max_len,
+            )
             return loss * scale, {k: v.detach().float() for k, v in metrics.items()}
 
         self.optimizer.zero_grad()
@@ -106,9 +118,11 @@ class ValueTrainer:
         self.scheduler.step(increment=1)
         _, grad_norm, _ = self.optimizer.step()
         metrics = reduce_metrics(stored, self.groups)
-        metrics.update({
-            names.CRITIC_GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,
-            names.CRITIC_LEARNING_RATE: float(self.optimizer.param_groups[0]["lr"]),
-            names.CRITIC_STEP_S: time.perf_counter() - start,
-        })
+        metrics.update(
+            {
+                names.CRITIC_GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,
+                names.CRITIC_LEARNING_RATE: float(self.optimizer.param_groups[0]["lr"]),
+                names.CRITIC_STEP_S: time.perf_counter() - start,
+            }
+        )
         return metrics

@@ -33,7 +33,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetrl.trainer.hf_convert import SHARD_DIM, Layout, ParamMap, default_process_groups, hf_from_shards, param_maps, unwrap
+from hetrl.trainer.hf_convert import (
+    SHARD_DIM,
+    Layout,
+    ParamMap,
+    default_process_groups,
+    hf_from_shards,
+    param_maps,
+    unwrap,
+)
 from hetrl.transport.weights.base import Bucket, bucketize
 
 
@@ -90,7 +98,9 @@ def _global_plan(led: list[_PlanEntry]) -> list[_PlanEntry]:
     return sorted((e for entries in gathered for e in entries), key=lambda e: (e.sort_key, e.leader))
 
 
-def _assemble(entry: _PlanEntry, param: torch.Tensor, group, layout: Layout, dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]] | None:
+def _assemble(
+    entry: _PlanEntry, param: torch.Tensor, group, layout: Layout, dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]] | None:
     """Gather ``param``'s shards to the entry's leader; the leader gets the HF tensors, others None."""
     shard = param.detach()
     if group is None:
@@ -105,7 +115,12 @@ def _assemble(entry: _PlanEntry, param: torch.Tensor, group, layout: Layout, dty
 
 
 def iter_hf_tensors(
-    model: torch.nn.Module, vocab_size: int, dtype: torch.dtype | None = None, pg_collection=None, *, include_frozen: bool = False
+    model: torch.nn.Module,
+    vocab_size: int,
+    dtype: torch.dtype | None = None,
+    pg_collection=None,
+    *,
+    include_frozen: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` on rank 0, one parameter gathered at a time.
 
@@ -157,7 +172,9 @@ def iter_hf_weight_buckets(
     ``post_layernorm``) are left out, as a weight push wants (the engines already hold them),
     unless ``include_frozen`` (a complete checkpoint).
     """
-    return bucketize(iter_hf_tensors(model, vocab_size, dtype, pg_collection, include_frozen=include_frozen), bucket_bytes)
+    return bucketize(
+        iter_hf_tensors(model, vocab_size, dtype, pg_collection, include_frozen=include_frozen), bucket_bytes
+    )
 
 
 def save_hf_checkpoint(
@@ -173,7 +190,8 @@ def save_hf_checkpoint(
     """Write the model as an HF safetensors checkpoint (config.json included) on rank 0.
 
     Collective like :func:`iter_hf_weight_buckets`; returns the directory on rank 0, None
-    elsewhere. Weight files already in ``out_dir`` are replaced. Each bucket becomes one ``model-XXXXX-of-YYYYY.safetensors`` file (a lone
+    elsewhere. Weight files already in ``out_dir`` are replaced. Each bucket becomes one
+    ``model-XXXXX-of-YYYYY.safetensors`` file (a lone
     ``model.safetensors`` when one suffices) with an HF index. ``copy_files_from`` copies the
     tokenizer and other non-weight files of an HF directory (e.g. the one imported from). A LLaVA
     policy's directory also gets a ``LlavaProcessor`` when none was copied (see
@@ -187,7 +205,9 @@ def save_hf_checkpoint(
     rank, _ = _world()
     out = Path(out_dir)
     written: list[tuple[Path, list[str], int]] = []
-    buckets = iter_hf_weight_buckets(model, model_cfg.vocab_size, max_shard_bytes, dtype, pg_collection, include_frozen=True)
+    buckets = iter_hf_weight_buckets(
+        model, model_cfg.vocab_size, max_shard_bytes, dtype, pg_collection, include_frozen=True
+    )
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     for index, bucket in enumerate(buckets):
@@ -242,5 +262,9 @@ def _finish_safetensors_files(out: Path, written: list[tuple[Path, list[str], in
 
 def _copy_non_weight_files(src: Path, out: Path) -> None:
     for path in src.iterdir():
-        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json")) and path.name != "config.json":
+        if (
+            path.is_file()
+            and not path.name.endswith((".safetensors", ".safetensors.index.json"))
+            and path.name != "config.json"
+        ):
             shutil.copy2(path, out / path.name)

@@ -55,7 +55,15 @@ Kind = Literal["replicated", "flat", "column", "row", "qkv", "gate_up", "vocab"]
 
 # Partition dimension of each kind's TP shards (None: every rank holds the full tensor). "flat" is
 # replicated and 1-D in HF (CLIP's class embedding; megatron's class token is [1, 1, hidden]).
-SHARD_DIM: dict[str, int | None] = {"replicated": None, "flat": None, "column": 0, "row": 1, "qkv": 0, "gate_up": 0, "vocab": 0}
+SHARD_DIM: dict[str, int | None] = {
+    "replicated": None,
+    "flat": None,
+    "column": 0,
+    "row": 1,
+    "qkv": 0,
+    "gate_up": 0,
+    "vocab": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -85,22 +93,26 @@ class Layout:
     head_dim: int
     vocab_size: int  # HF (unpadded) vocabulary
     padded_vocab_size: int  # the model's embedding rows (a multiple of TP)
-    vision: "Layout | None" = None  # the ViT's attention shape (LLaVA's first pipeline stage)
+    vision: Layout | None = None  # the ViT's attention shape (LLaVA's first pipeline stage)
 
     @classmethod
-    def of(cls, model: torch.nn.Module, vocab_size: int) -> "Layout":
+    def of(cls, model: torch.nn.Module, vocab_size: int) -> Layout:
         bare = unwrap(model)
         config = bare.config
         groups = config.num_query_groups or config.num_attention_heads
         if bare.vocab_size < vocab_size:
-            raise ValueError(f"the model's vocabulary ({bare.vocab_size} rows) is smaller than the HF checkpoint's ({vocab_size})")
+            raise ValueError(
+                f"the model's vocabulary ({bare.vocab_size} rows) is smaller than the HF checkpoint's ({vocab_size})"
+            )
         vision = None
         if hasattr(bare, "vision"):
             vit = bare.vision.encoder.config
             vision = cls(vit.num_attention_heads, 1, vit.kv_channels, 0, 0)
-        return cls(groups, config.num_attention_heads // groups, config.kv_channels, vocab_size, bare.vocab_size, vision)
+        return cls(
+            groups, config.num_attention_heads // groups, config.kv_channels, vocab_size, bare.vocab_size, vision
+        )
 
-    def of_param(self, pm: "ParamMap") -> "Layout":
+    def of_param(self, pm: ParamMap) -> Layout:
         """The layout ``pm``'s fused tensors follow: the ViT's for vision parameters, else the language model's."""
         return self.vision if pm.megatron_name.startswith("vision.") and self.vision is not None else self
 
@@ -129,22 +141,37 @@ _ATTN = "model.layers.{i}.self_attn."
 _MLP = "model.layers.{i}.mlp."
 # (megatron suffix within a layer, kind, HF names); suffixes are matched in full.
 _LAYER_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
-    (r"input_layernorm\.weight|self_attention\.linear_qkv\.layer_norm_weight", "replicated", ("model.layers.{i}.input_layernorm.weight",)),
+    (
+        r"input_layernorm\.weight|self_attention\.linear_qkv\.layer_norm_weight",
+        "replicated",
+        ("model.layers.{i}.input_layernorm.weight",),
+    ),
     (r"self_attention\.linear_qkv\.weight", "qkv", tuple(_ATTN + p + "_proj.weight" for p in "qkv")),
     (r"self_attention\.linear_qkv\.bias", "qkv", tuple(_ATTN + p + "_proj.bias" for p in "qkv")),
     (r"self_attention\.linear_proj\.weight", "row", (_ATTN + "o_proj.weight",)),
     (r"self_attention\.q_layernorm\.weight", "replicated", (_ATTN + "q_norm.weight",)),
     (r"self_attention\.k_layernorm\.weight", "replicated", (_ATTN + "k_norm.weight",)),
-    (r"pre_mlp_layernorm\.weight|mlp\.linear_fc1\.layer_norm_weight", "replicated", ("model.layers.{i}.post_attention_layernorm.weight",)),
+    (
+        r"pre_mlp_layernorm\.weight|mlp\.linear_fc1\.layer_norm_weight",
+        "replicated",
+        ("model.layers.{i}.post_attention_layernorm.weight",),
+    ),
     (r"mlp\.linear_fc1\.weight", "gate_up", (_MLP + "gate_proj.weight", _MLP + "up_proj.weight")),
     (r"mlp\.linear_fc2\.weight", "row", (_MLP + "down_proj.weight",)),
     (r"mlp\.router\.weight", "replicated", (_MLP + "gate.weight",)),
 )
 _EXPERT = "model.layers.{i}.mlp.experts.{j}."
 _EXPERT_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
-    (r"mlp\.experts\.(?:local_experts\.(?P<a>\d+)\.linear_fc1\.weight|linear_fc1\.weight(?P<b>\d+))", "gate_up",
-     (_EXPERT + "gate_proj.weight", _EXPERT + "up_proj.weight")),
-    (r"mlp\.experts\.(?:local_experts\.(?P<a>\d+)\.linear_fc2\.weight|linear_fc2\.weight(?P<b>\d+))", "row", (_EXPERT + "down_proj.weight",)),
+    (
+        r"mlp\.experts\.(?:local_experts\.(?P<a>\d+)\.linear_fc1\.weight|linear_fc1\.weight(?P<b>\d+))",
+        "gate_up",
+        (_EXPERT + "gate_proj.weight", _EXPERT + "up_proj.weight"),
+    ),
+    (
+        r"mlp\.experts\.(?:local_experts\.(?P<a>\d+)\.linear_fc2\.weight|linear_fc2\.weight(?P<b>\d+))",
+        "row",
+        (_EXPERT + "down_proj.weight",),
+    ),
 )
 _LAYER_NAME = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
@@ -163,7 +190,11 @@ _VISION_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
 )
 _VIT_LAYER_RULES: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
     (r"input_layernorm\.(weight|bias)", "replicated", (_VIT_LAYER + "layer_norm1.{p}",)),
-    (r"self_attention\.linear_qkv\.(weight|bias)", "qkv", tuple(_VIT_LAYER + f"self_attn.{x}_proj.{{p}}" for x in "qkv")),
+    (
+        r"self_attention\.linear_qkv\.(weight|bias)",
+        "qkv",
+        tuple(_VIT_LAYER + f"self_attn.{x}_proj.{{p}}" for x in "qkv"),
+    ),
     (r"self_attention\.linear_proj\.(weight)", "row", (_VIT_LAYER + "self_attn.out_proj.{p}",)),
     (r"self_attention\.linear_proj\.(bias)", "replicated", (_VIT_LAYER + "self_attn.out_proj.{p}",)),
     (r"pre_mlp_layernorm\.(weight|bias)", "replicated", (_VIT_LAYER + "layer_norm2.{p}",)),
@@ -242,13 +273,20 @@ def param_maps(model: torch.nn.Module, pg_collection=None) -> list[ParamMap]:
             maps.append(_layer_map(model, name, pg.ep.rank()))
     prefix = text_prefix(model)
     if prefix != "model.":
-        maps = [pm if pm.megatron_name.startswith("vision.") else
-                replace(pm, hf_names=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h for h in pm.hf_names))
-                for pm in maps]
+        maps = [
+            pm
+            if pm.megatron_name.startswith("vision.")
+            else replace(
+                pm,
+                hf_names=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h for h in pm.hf_names),
+            )
+            for pm in maps
+        ]
     return maps
 
 
 # --- shard math ---------------------------------------------------------------------------------
+
 
 class TensorSource(Protocol):
     """Where HF tensors are read from, slice by slice (see :class:`SafetensorsCheckpoint`)."""
@@ -286,7 +324,10 @@ def _qkv_shard(pm: ParamMap, source: TensorSource, layout: Layout, rank: int, si
     groups = _even_split(layout.num_query_groups, size, pm.megatron_name)
     first = rank * groups
     q_rows, kv_rows = layout.heads_per_group * layout.head_dim, layout.head_dim
-    q, k, v = (source.read(name, 0, first * rows, (first + groups) * rows) for name, rows in zip(pm.hf_names, (q_rows, kv_rows, kv_rows)))
+    q, k, v = (
+        source.read(name, 0, first * rows, (first + groups) * rows)
+        for name, rows in zip(pm.hf_names, (q_rows, kv_rows, kv_rows))
+    )
     rest = q.shape[1:]
     per_group = [t.reshape(groups, -1, *rest) for t in (q, k, v)]
     return torch.cat(per_group, dim=1).reshape(-1, *rest)
@@ -375,7 +416,9 @@ def _group_rank_size(pm: ParamMap, pg) -> tuple[int, int]:
     return (0, 1) if SHARD_DIM[pm.kind] is None else (group.rank(), group.size())
 
 
-def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection=None, *, body_only: bool = False) -> None:
+def load_hf_checkpoint(
+    model: torch.nn.Module, hf_dir: str | Path, pg_collection=None, *, body_only: bool = False
+) -> None:
     """Copy an HF safetensors checkpoint into ``model`` (this rank's shards only), in place.
 
     ``body_only`` leaves the model's output layer as it is and the checkpoint's head unused: how a
@@ -411,7 +454,10 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, pg_collection
             if pm.kind == "flat" and shard.numel() == param.numel():
                 shard = shard.reshape(param.shape)
             if shard.shape != param.shape:
-                errors.append(f"{pm.megatron_name}: shard of {pm.hf_names} has shape {tuple(shard.shape)}, the model's is {tuple(param.shape)}")
+                errors.append(
+                    f"{pm.megatron_name}: shard of {pm.hf_names} has shape {tuple(shard.shape)}, the model's is "
+                    f"{tuple(param.shape)}"
+                )
                 continue
             param.copy_(shard)
             consumed.update(pm.hf_names)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hetrl.trainer import context_parallel, shared_prompts
+from hetrl.trainer import context_parallel
 from hetrl.trainer.batch import MicroBatch, TrainBatch
 from hetrl.trainer.parallel import ParallelGroups
 from hetrl.trainer.routing_replay import RoutingReplay
@@ -102,8 +102,11 @@ def sample_logprobs(
     lp, ent = token_logprobs(logits, labels, tp_group=groups.tp, temperature=temperature, with_entropy=with_entropy)
     mask = mb.loss_mask.to(lp.device)
     if groups.cp_size > 1:
+
         def whole(values: Tensor) -> Tensor:
-            return context_parallel.gather_sequence(values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans)
+            return context_parallel.gather_sequence(
+                values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans
+            )
 
         lp, ent = whole(lp), None if ent is None else whole(ent)
     return to_sample_space(lp, mb) * mask, None if ent is None else to_sample_space(ent, mb) * mask
@@ -117,11 +120,20 @@ def packed_seq_params(mb: MicroBatch, device: torch.device):  # -> megatron Pack
         return None
     longest = max(length for _, length in mb.spans)
     cu, cu_padded = mb.cu_seqlens.to(device), mb.cu_seqlens_padded.to(device)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded,
-                           cu_seqlens_kv_padded=cu_padded, max_seqlen_q=longest, max_seqlen_kv=longest)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        cu_seqlens_q_padded=cu_padded,
+        cu_seqlens_kv_padded=cu_padded,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
 
 
-def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups, routing: RoutingReplay | None = None) -> Tensor:
+def model_forward(
+    model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups, routing: RoutingReplay | None = None
+) -> Tensor:
     """This rank's slice of a micro-batch through (this stage of) the GPT model: logits on the last stage, else hidden.
 
     With ``routing`` the MoE routers take (or are compared with) the micro-batch's engine routing.
@@ -136,8 +148,13 @@ def model_forward(model: torch.nn.Module, mb: MicroBatch, groups: ParallelGroups
         images = dict(images=mb.pixel_values.to(groups.device), image_mask=mb.image_mask)
     # Shared-prompt rows: the attention mask argument carries their tree ids (AllGatherAttention's tree attention).
     tree_ids = None if mb.tree_ids is None else mb.tree_ids.to(groups.device)
-    return model(local.tokens.to(groups.device), local.position_ids.to(groups.device), tree_ids,
-                 packed_seq_params=packed_seq_params(mb, groups.device), **images)
+    return model(
+        local.tokens.to(groups.device),
+        local.position_ids.to(groups.device),
+        tree_ids,
+        packed_seq_params=packed_seq_params(mb, groups.device),
+        **images,
+    )
 
 
 def run_schedule(
@@ -152,9 +169,8 @@ def run_schedule(
     """Megatron's forward(-backward) schedule over the batch; the per-micro-batch dicts (last stage)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
-    from megatron.core.utils import get_model_config
-
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+    from megatron.core.utils import get_model_config
 
     # megatron keeps the MoE aux-loss gradient scale in a class global whose shape is whatever its
     # first setter used (a bare MoE backward makes it [], the schedule copies a [1] into it).
@@ -209,7 +225,9 @@ def sample_values(output: Tensor, mb: MicroBatch, groups: ParallelGroups) -> Ten
     """
     values = output[..., 0].float()
     if groups.cp_size > 1:
-        values = context_parallel.gather_sequence(values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans)
+        values = context_parallel.gather_sequence(
+            values, groups.pg_collection.cp, dim=1, sum_grads=False, spans=mb.spans
+        )
     return to_sample_space(values, mb) * mb.loss_mask.to(values.device)
 
 
@@ -221,11 +239,13 @@ def forward_sample_space(
     per_micro_batch: Callable[[MicroBatch, Tensor], dict[str, Tensor]],
     routing: RoutingReplay | None = None,
 ) -> dict[str, Tensor]:
-    """Forward-only pass over the batch: the named sample-space tensors ``[N, Tc]`` of ``per_micro_batch``, on every stage.
+    """Forward-only pass over the batch: the named sample-space tensors ``[N, Tc]`` of ``per_micro_batch``, on every
+    stage.
 
     ``per_micro_batch(mb, output)`` maps the last stage's output for a micro-batch to its
     sample-space tensors; only the last pipeline stage runs it, then broadcasts the results.
     """
+
     def collect(mb: MicroBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
         return output.new_zeros(()), per_micro_batch(mb, output)
 
@@ -241,8 +261,12 @@ def forward_sample_space(
         box = [keys]
         dist.broadcast_object_list(box, src=dist.get_global_rank(groups.pp, groups.pp_size - 1), group=groups.pp)
         keys = box[0]
-    return {key: broadcast_from_last_stage(batch.scatter([d[key] for d in stored]) if groups.is_last_stage else None, shape, groups)
-            for key in keys}
+    return {
+        key: broadcast_from_last_stage(
+            batch.scatter([d[key] for d in stored]) if groups.is_last_stage else None, shape, groups
+        )
+        for key in keys
+    }
 
 
 def forward_logprobs(
@@ -265,5 +289,8 @@ def forward_logprobs(
 
 
 def forward_values(model: torch.nn.Module, batch: TrainBatch, groups: ParallelGroups) -> Tensor:
-    """Sample-space values ``[N, Tc]`` of a value model (:class:`hetrl.trainer.model.ValueHead`) at the batch's completion tokens."""
-    return forward_sample_space(model, batch, groups, lambda mb, output: {"values": sample_values(output, mb, groups)})["values"]
+    """Sample-space values ``[N, Tc]`` of a value model (:class:`hetrl.trainer.model.ValueHead`) at the batch's
+    completion tokens."""
+    return forward_sample_space(model, batch, groups, lambda mb, output: {"values": sample_values(output, mb, groups)})[
+        "values"
+    ]

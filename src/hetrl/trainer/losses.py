@@ -103,10 +103,13 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":
         if max_len is None or max_len <= 0:
             raise ValueError(
-                "loss aggregation 'seq-mean-token-sum-norm' needs max_len > 0: pass the generation budget (rollout max_tokens)"
+                "loss aggregation 'seq-mean-token-sum-norm' needs max_len > 0: pass the generation budget (rollout "
+                "max_tokens)"
             )
         return masked.sum() / (float(max_len) * denom_seqs)
-    raise ValueError(f"unknown loss aggregation {mode!r}; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm")
+    raise ValueError(
+        f"unknown loss aggregation {mode!r}; valid: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"
+    )
 
 
 def token_mean(x: Tensor, mask: Tensor, num_global_tokens: Tensor | float | None = None) -> Tensor:
@@ -176,7 +179,8 @@ def clipped_surrogate(
 
 
 def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_high: float) -> tuple[Tensor, Tensor]:
-    """CISPO per-token loss (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention").
+    """CISPO per-token loss (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention").
 
     ``l_t = -sg(min(r_t, 1 + eps_high)) * A_t * logp_t``. Unlike PPO-clip, which drops the gradient
     of clipped tokens entirely, CISPO clips only the (stop-gradient) importance weight, so every
@@ -272,8 +276,10 @@ def importance_weights(
     if mode == "none":
         return mask.clone(), none, none
     if mode == "icepop" and (level != "token" or threshold_low is None):
-        raise ValueError(f"IcePop is a token-level two-sided mask: it needs level 'token' (got {level!r}) and a threshold_low "
-                         f"(got {threshold_low}); for a two-sided sequence mask use mode 'masked' with threshold_low")
+        raise ValueError(
+            f"IcePop is a token-level two-sided mask: it needs level 'token' (got {level!r}) and a threshold_low "
+            f"(got {threshold_low}); for a two-sided sequence mask use mode 'masked' with threshold_low"
+        )
     if mode == "truncated" and threshold_low is not None:
         raise ValueError("truncated IS has no lower bound: threshold_low applies to 'masked' and 'icepop' only")
     log_w = ((old_logprobs - rollout_logprobs) * mask).detach()

@@ -98,7 +98,7 @@ class _HostStream:
     def wait_event(self, event: Any) -> None:
         return None
 
-    def record_event(self, event: Any = None) -> "_HostEvent":
+    def record_event(self, event: Any = None) -> _HostEvent:
         return event if event is not None else _HostEvent()
 
     def synchronize(self) -> None:

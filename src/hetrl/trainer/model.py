@@ -167,13 +167,23 @@ def build_gpt_model(
 
     megatron_compat.ensure_applied()
     if not ps.model_parallel_is_initialized():
-        raise RuntimeError("build_gpt_model needs the trainer process groups: call hetrl.trainer.parallel.init_parallel first")
+        raise RuntimeError(
+            "build_gpt_model needs the trainer process groups: call hetrl.trainer.parallel.init_parallel first"
+        )
     if model_cfg.num_layers % trainer_cfg.pipeline_parallel:
-        raise ValueError(f"model.num_layers={model_cfg.num_layers} is not divisible by trainer.pipeline_parallel={trainer_cfg.pipeline_parallel}")
+        raise ValueError(
+            f"model.num_layers={model_cfg.num_layers} is not divisible by "
+            f"trainer.pipeline_parallel={trainer_cfg.pipeline_parallel}"
+        )
     if model_cfg.is_moe and model_cfg.num_experts % trainer_cfg.expert_parallel:
-        raise ValueError(f"model.num_experts={model_cfg.num_experts} is not divisible by trainer.expert_parallel={trainer_cfg.expert_parallel}")
+        raise ValueError(
+            f"model.num_experts={model_cfg.num_experts} is not divisible by "
+            f"trainer.expert_parallel={trainer_cfg.expert_parallel}"
+        )
     if trainer_cfg.expert_parallel > 1 and not model_cfg.is_moe:
-        raise ValueError(f"trainer.expert_parallel={trainer_cfg.expert_parallel} needs an MoE model (model.arch=qwen3_moe)")
+        raise ValueError(
+            f"trainer.expert_parallel={trainer_cfg.expert_parallel} needs an MoE model (model.arch=qwen3_moe)"
+        )
 
     if model_cfg.is_vlm:
         vision.check_layout(model_cfg, trainer_cfg)
@@ -183,7 +193,10 @@ def build_gpt_model(
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     block_spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=with_te, normalization="RMSNorm", pp_rank=ps.get_pipeline_model_parallel_rank(),
+        config,
+        use_transformer_engine=with_te,
+        normalization="RMSNorm",
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
     if not with_te:
         block_spec = _local_block_spec(block_spec, AllGatherAttention)
@@ -203,7 +216,9 @@ def build_gpt_model(
     if trainer_cfg.shared_prompts:
         shared_prompts.rotary_follows_positions(model)
     if value_head and model.post_process:
-        model.output_layer = ValueHead(config.hidden_size, trainer_cfg.sequence_parallel, model.pg_collection.tp, config.params_dtype)
+        model.output_layer = ValueHead(
+            config.hidden_size, trainer_cfg.sequence_parallel, model.pg_collection.tp, config.params_dtype
+        )
     if model_cfg.is_vlm:
         vision.attach_vision(model, model_cfg, trainer_cfg, model.pg_collection)
     init_layout_independent(model, model_cfg, trainer_cfg, seed)
@@ -223,20 +238,25 @@ class ValueHead(torch.nn.Module):
     the sequence, so every TP rank computes every position's value (and the same gradient).
     """
 
-    def __init__(self, hidden_size: int, sequence_parallel: bool, tp_group, dtype: torch.dtype) -> None:  # noqa: ANN001 - a ProcessGroup
+    # noqa: ANN001 - a ProcessGroup
+    def __init__(self, hidden_size: int, sequence_parallel: bool, tp_group, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
         self.sequence_parallel, self.tp_group = sequence_parallel, tp_group
 
-    def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: bool | None = None):  # noqa: ANN201
+    def forward(
+        self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: bool | None = None
+    ):  # noqa: ANN201
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             # Every TP rank then computes the same loss from the whole sequence, so each already holds
             # the full gradient: the backward keeps its own chunk (no reduce-scatter, which would add
             # tp identical copies).
-            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False, group=self.tp_group)
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False, group=self.tp_group
+            )
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
@@ -250,6 +270,7 @@ def _batch_first_logits(output_layer: torch.nn.Module) -> None:
     the layout changes, never a value. Not under sequence parallelism, whose gather runs along the
     sequence dimension of the output layer's input.
     """
+
     def batch_first_input(module, args, kwargs):  # noqa: ANN001, ANN202 - torch hook signature
         return (args[0].transpose(0, 1).contiguous(), *args[1:]), kwargs
 
@@ -279,30 +300,54 @@ def _local_block_spec(block_spec, core_attention: type):  # noqa: ANN001, ANN202
     def swap(layer_spec):  # noqa: ANN001, ANN202
         layer = layer_spec.submodules
         attention = layer.self_attention
-        attention = replace(attention, submodules=replace(
-            attention.submodules, core_attention=core_attention,
-            q_layernorm=norm(attention.submodules.q_layernorm, HeadNorm), k_layernorm=norm(attention.submodules.k_layernorm, HeadNorm)))
+        attention = replace(
+            attention,
+            submodules=replace(
+                attention.submodules,
+                core_attention=core_attention,
+                q_layernorm=norm(attention.submodules.q_layernorm, HeadNorm),
+                k_layernorm=norm(attention.submodules.k_layernorm, HeadNorm),
+            ),
+        )
         mlp = layer.mlp
         if mlp.module is MLP:  # dense (an MoE layer's experts keep megatron's activation)
             mlp = replace(mlp, submodules=replace(mlp.submodules, activation_func=SwiGLU))
-        return replace(layer_spec, submodules=replace(
-            layer, self_attention=attention, mlp=mlp, input_layernorm=norm(layer.input_layernorm, TorchNorm),
-            pre_mlp_layernorm=norm(layer.pre_mlp_layernorm, TorchNorm)))
+        return replace(
+            layer_spec,
+            submodules=replace(
+                layer,
+                self_attention=attention,
+                mlp=mlp,
+                input_layernorm=norm(layer.input_layernorm, TorchNorm),
+                pre_mlp_layernorm=norm(layer.pre_mlp_layernorm, TorchNorm),
+            ),
+        )
 
-    return replace(block_spec, layer_specs=[swap(spec) for spec in block_spec.layer_specs],
-                   layer_norm=norm(block_spec.layer_norm, TorchNorm))
+    return replace(
+        block_spec,
+        layer_specs=[swap(spec) for spec in block_spec.layer_specs],
+        layer_norm=norm(block_spec.layer_norm, TorchNorm),
+    )
 
 
-def global_param_name(local_name: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pp_rank: int, ep_rank: int) -> str:
+def global_param_name(
+    local_name: str, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pp_rank: int, ep_rank: int
+) -> str:
     """A stage/shard-local megatron parameter name with global layer and expert numbers.
 
     A tied output layer on the last pipeline stage is the input embedding's twin: same name.
     """
     layers_per_stage = model_cfg.num_layers // trainer_cfg.pipeline_parallel
-    name = re.sub(r"^decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + pp_rank * layers_per_stage}.", local_name)
+    name = re.sub(
+        r"^decoder\.layers\.(\d+)\.",
+        lambda m: f"decoder.layers.{int(m.group(1)) + pp_rank * layers_per_stage}.",
+        local_name,
+    )
     if model_cfg.is_moe:
         experts_per_rank = model_cfg.num_experts // trainer_cfg.expert_parallel
-        name = re.sub(r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + ep_rank * experts_per_rank}.", name)
+        name = re.sub(
+            r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + ep_rank * experts_per_rank}.", name
+        )
     if model_cfg.tie_word_embeddings and name == "output_layer.weight":
         name = "embedding.word_embeddings.weight"
     return name
@@ -325,7 +370,9 @@ def _init_std(name: str, model_cfg: ModelConfig) -> float | None:
 
 
 @torch.no_grad()
-def init_layout_independent(model: torch.nn.Module, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, seed: int) -> None:
+def init_layout_independent(
+    model: torch.nn.Module, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, seed: int
+) -> None:
     """Draw every parameter as this rank's shard of a full tensor seeded by its global name."""
     from megatron.core import parallel_state as ps
 
@@ -338,8 +385,16 @@ def init_layout_independent(model: torch.nn.Module, model_cfg: ModelConfig, trai
             continue
         sharded = getattr(param, "tensor_model_parallel", False)
         is_expert = ".experts." in name
-        rank = (ps.get_expert_tensor_parallel_rank() if is_expert else ps.get_tensor_model_parallel_rank()) if sharded else 0
-        world = (ps.get_expert_tensor_parallel_world_size() if is_expert else ps.get_tensor_model_parallel_world_size()) if sharded else 1
+        rank = (
+            (ps.get_expert_tensor_parallel_rank() if is_expert else ps.get_tensor_model_parallel_rank())
+            if sharded
+            else 0
+        )
+        world = (
+            (ps.get_expert_tensor_parallel_world_size() if is_expert else ps.get_tensor_model_parallel_world_size())
+            if sharded
+            else 1
+        )
         dim, stride = getattr(param, "partition_dim", 0), getattr(param, "partition_stride", 1)
         full_shape = list(param.shape)
         full_shape[dim] *= world

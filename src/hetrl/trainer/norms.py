@@ -24,8 +24,15 @@ class TorchNorm:
 
     tags_sequence_parallel = True
 
-    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,  # noqa: ANN001 - megatron's config
-                zero_centered_gamma: bool = False, normalization: str = "LayerNorm") -> torch.nn.Module:
+    def __new__(
+        cls,
+        config,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,  # noqa: ANN001 - megatron's config
+        zero_centered_gamma: bool = False,
+        normalization: str = "LayerNorm",
+    ) -> torch.nn.Module:
         if config.layernorm_zero_centered_gamma or config.memory_efficient_layer_norm:
             raise ValueError("hetrl's local norm has no zero-centred gamma or memory-efficient mode")
         norms = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}

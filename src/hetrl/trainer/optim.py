@@ -41,12 +41,17 @@ def _finalize(finalize_model_grads, model, num_tokens=None, pg_collection=None, 
 def use_distributed_optimizer(trainer_cfg: TrainerConfig) -> bool:
     """The distributed optimizer shards state with reduce-scatter; gloo (CPU) lacks it."""
     if trainer_cfg.distributed_optimizer and not torch.cuda.is_available():
-        warnings.warn("trainer.distributed_optimizer is ignored on CPU (gloo has no reduce-scatter): optimizer state is replicated", stacklevel=3)
+        warnings.warn(
+            "trainer.distributed_optimizer is ignored on CPU (gloo has no reduce-scatter): optimizer state is "
+            "replicated",
+            stacklevel=3,
+        )
         return False
     return trainer_cfg.distributed_optimizer
 
 
-def build_optimizer(ddp_model, trainer_cfg: TrainerConfig, *, total_steps: int | None, pg_collection: object):  # noqa: ANN001
+# noqa: ANN001
+def build_optimizer(ddp_model, trainer_cfg: TrainerConfig, *, total_steps: int | None, pg_collection: object):
     """``(optimizer, scheduler)``: megatron AdamW with global grad-norm clipping, and its LR schedule.
 
     Warmup is linear from 0 to ``lr`` over ``lr_warmup_steps``; then ``lr_decay_style`` decays to
@@ -73,7 +78,10 @@ def build_optimizer(ddp_model, trainer_cfg: TrainerConfig, *, total_steps: int |
     use_fused_adam(optimizer)
     decay_steps = trainer_cfg.lr_decay_steps or total_steps
     if trainer_cfg.lr_decay_style != "constant" and not decay_steps:
-        raise ValueError(f"trainer.lr_decay_style={trainer_cfg.lr_decay_style!r} needs trainer.lr_decay_steps or the run's total steps")
+        raise ValueError(
+            f"trainer.lr_decay_style={trainer_cfg.lr_decay_style!r} needs trainer.lr_decay_steps or the run's total "
+            f"steps"
+        )
     decay_steps = max(decay_steps or 0, trainer_cfg.lr_warmup_steps + 1)
     scheduler = OptimizerParamScheduler(
         optimizer,

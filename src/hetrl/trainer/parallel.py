@@ -88,8 +88,11 @@ def check_layout(cfg: TrainerConfig, world_size: int, *, has_gpu: bool) -> int:
             f"{dp} x {cfg.context_parallel} for world size {world_size}"
         )
     if not has_gpu and cfg.precision == "bf16" and not cpu_has_native_bf16():
-        warnings.warn("trainer.precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX): its bf16 arithmetic is "
-                      "emulated, several times slower than fp32 (trainer.precision=fp32)", stacklevel=2)
+        warnings.warn(
+            "trainer.precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX): its bf16 arithmetic is "
+            "emulated, several times slower than fp32 (trainer.precision=fp32)",
+            stacklevel=2,
+        )
     return dp
 
 
@@ -131,9 +134,14 @@ def init_parallel(cfg: TrainerConfig, *, timeout_minutes: int = 30) -> ParallelG
             distributed_timeout_minutes=timeout_minutes,
             create_gloo_process_groups=has_gpu,  # on CPU the main groups already are gloo
         )
-    elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-          ps.get_expert_model_parallel_world_size()) != (cfg.tensor_parallel, cfg.pipeline_parallel, cfg.expert_parallel):
-        raise RuntimeError("megatron parallel state is already initialised with another layout; call destroy_parallel() first")
+    elif (
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_world_size(),
+        ps.get_expert_model_parallel_world_size(),
+    ) != (cfg.tensor_parallel, cfg.pipeline_parallel, cfg.expert_parallel):
+        raise RuntimeError(
+            "megatron parallel state is already initialised with another layout; call destroy_parallel() first"
+        )
     return ParallelGroups(
         world_size=world_size,
         rank=rank,
@@ -172,7 +180,9 @@ def destroy_parallel(*, destroy_world: bool = False) -> None:
 def _megatron_groups(parallel_state: Any) -> list[dist.ProcessGroup]:
     """Every process group held by megatron's ``parallel_state`` globals (singly, or in lists/dicts)."""
     found: dict[int, dist.ProcessGroup] = {}
-    pending = [value for name, value in vars(parallel_state).items() if name.isupper()]  # _TENSOR_MODEL_PARALLEL_GROUP, ...
+    pending = [
+        value for name, value in vars(parallel_state).items() if name.isupper()
+    ]  # _TENSOR_MODEL_PARALLEL_GROUP, ...
     while pending:
         value = pending.pop()
         if isinstance(value, dist.ProcessGroup) and value is not dist.group.WORLD:

@@ -31,6 +31,7 @@ from hetrl.config.rollout import ROUTING_WITH_RECOMPUTE
 from hetrl.config.trainer import TrainerConfig
 from hetrl.control import timeline
 from hetrl.monitor import names
+from hetrl.records import Sample
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
 from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch, shard_for_data_parallel
@@ -40,7 +41,6 @@ from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
 from hetrl.trainer.routing_replay import RoutingReplay
 from hetrl.trainer.vision import image_spec
-from hetrl.records import Sample
 
 RoutingMode = Literal["off", "measure", "replay"]
 
@@ -74,17 +74,24 @@ class PolicyTrainer:
         routing: RoutingMode = "off",
     ) -> None:
         self.model_cfg, self.trainer_cfg, self.algo_cfg = model_cfg, trainer_cfg, algo_cfg
-        self.images = image_spec(model_cfg)  # None for a text model; the placeholder id may come from the checkpoint's config
+        self.images = image_spec(
+            model_cfg
+        )  # None for a text model; the placeholder id may come from the checkpoint's config
         self.groups = groups or init_parallel(trainer_cfg)
         self.temperature, self.max_len = temperature, max_len
         module = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
         if routing != "off" and trainer_cfg.recompute_activations and trainer_cfg.pipeline_parallel > 1:
             raise ValueError(ROUTING_WITH_RECOMPUTE)
         # MoE routing of the engine: compared with the trainer's own ("measure") or replayed ("replay").
-        self.routing = None if routing == "off" else RoutingReplay(module, self.groups, replay=routing == "replay",
-                                                                    num_layers=model_cfg.num_layers)
+        self.routing = (
+            None
+            if routing == "off"
+            else RoutingReplay(module, self.groups, replay=routing == "replay", num_layers=model_cfg.num_layers)
+        )
         self.model = wrap_ddp(module, trainer_cfg, self.groups.pg_collection)
-        self.optimizer, self.scheduler = build_optimizer(self.model, trainer_cfg, total_steps=total_steps, pg_collection=self.groups.pg_collection)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, trainer_cfg, total_steps=total_steps, pg_collection=self.groups.pg_collection
+        )
         self.reference: torch.nn.Module | None = None
         if with_reference if with_reference is not None else algo_cfg.kl_coef > 0:
             self.reference = build_gpt_model(model_cfg, trainer_cfg, pg_collection=self.groups.pg_collection, seed=seed)
@@ -101,8 +108,9 @@ class PolicyTrainer:
         current one) gives the stage its own learning rate and schedule.
         """
         self.trainer_cfg = trainer_cfg or self.trainer_cfg
-        self.optimizer, self.scheduler = build_optimizer(self.model, self.trainer_cfg, total_steps=total_steps,
-                                                         pg_collection=self.groups.pg_collection)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, self.trainer_cfg, total_steps=total_steps, pg_collection=self.groups.pg_collection
+        )
 
     @property
     def module(self) -> torch.nn.Module:
@@ -128,31 +136,49 @@ class PolicyTrainer:
         images = self.images
         shared = self.trainer_cfg.shared_prompts
         indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images, shared_prompts=shared)
-        batch = build_train_batch([samples[i] for i in indices], micro_batch_size=self.trainer_cfg.micro_batch_size,
-                                  pack_length=self.trainer_cfg.pack_length, global_indices=indices, num_global_samples=len(samples),
-                                  images=images, shared_prompts=shared)
+        batch = build_train_batch(
+            [samples[i] for i in indices],
+            micro_batch_size=self.trainer_cfg.micro_batch_size,
+            pack_length=self.trainer_cfg.pack_length,
+            global_indices=indices,
+            num_global_samples=len(samples),
+            images=images,
+            shared_prompts=shared,
+        )
         count = torch.tensor([len(batch.micro_batches)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batch.padded_to(int(count))
 
-    def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def compute_logprobs(
+        self, batch: TrainBatch, *, reference: bool = False, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Sample-space log-probs ``[N, Tc]`` of the full batch under the policy (or the reference).
 
         With ``with_entropy`` returns ``(logprobs, entropy)``.
         """
         model = self.reference if reference else self.model
         if model is None:
-            raise RuntimeError("compute_logprobs(reference=True) needs a reference model (with_reference=True or algorithm.kl_coef > 0)")
+            raise RuntimeError(
+                "compute_logprobs(reference=True) needs a reference model (with_reference=True or algorithm.kl_coef > "
+                "0)"
+            )
         routing = None if reference else self.routing
         with routing.measuring() if routing is not None else nullcontext():
-            logprobs, entropy = forward_logprobs(model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy,
-                                                 routing=routing)
+            logprobs, entropy = forward_logprobs(
+                model, batch, self.groups, temperature=self.temperature, with_entropy=with_entropy, routing=routing
+            )
         if with_entropy:
             return to_global(logprobs, batch, self.groups), to_global(entropy, batch, self.groups)
         return to_global(logprobs, batch, self.groups)
 
-    def train_step(self, batch: TrainBatch, *, old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-                   with_logprobs: bool = False) -> dict[str, float] | tuple[dict[str, float], Tensor]:
+    def train_step(
+        self,
+        batch: TrainBatch,
+        *,
+        old_logprobs: Tensor | None = None,
+        ref_logprobs: Tensor | None = None,
+        with_logprobs: bool = False,
+    ) -> dict[str, float] | tuple[dict[str, float], Tensor]:
         """One optimizer step on the batch (all its micro-batches accumulated); the step's metrics.
 
         ``old_logprobs`` (full batch, sample space) default to the policy's own before this update,
@@ -187,8 +213,9 @@ class PolicyTrainer:
                 ref_logprobs=None if local_ref is None else batch.gather(local_ref, mb),
                 entropy=ent,
             )
-            loss, metrics = compute_loss(self.algo_cfg, inputs, num_global_tokens=num_tokens, num_global_seqs=num_seqs,
-                                         max_len=self.max_len)
+            loss, metrics = compute_loss(
+                self.algo_cfg, inputs, num_global_tokens=num_tokens, num_global_seqs=num_seqs, max_len=self.max_len
+            )
             return loss * scale, {k: v.detach().float() for k, v in metrics.items()}
 
         update_logprobs: list[Tensor] = []  # per micro-batch, on the last pipeline stage
@@ -198,7 +225,9 @@ class PolicyTrainer:
         measure = self.routing is not None and old_logprobs is None
         with timeline.span("forward-backward"), self.routing.measuring() if measure else nullcontext():
             stored = run_schedule(self.model, batch, self.groups, loss_func, forward_only=False, routing=self.routing)
-        self.scheduler.step(increment=1)  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
+        self.scheduler.step(
+            increment=1
+        )  # before the update: step k uses the schedule's LR at k (warmup starts above 0)
         with timeline.span("optimizer step"):
             _, grad_norm, _ = self.optimizer.step()
         self.step += 1
@@ -207,16 +236,20 @@ class PolicyTrainer:
         total_tokens = torch.tensor([float(batch.num_tokens)])
         if self.groups.dp_size > 1:
             dist.all_reduce(total_tokens, group=self.groups.dp)
-        metrics.update({
-            names.GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,
-            names.LEARNING_RATE: float(self.optimizer.param_groups[0]["lr"]),
-            TOKENS_PER_S: float(total_tokens) / elapsed,
-            STEP_TIME_S: elapsed,
-        })
+        metrics.update(
+            {
+                names.GRAD_NORM: float(grad_norm) if grad_norm is not None else 0.0,
+                names.LEARNING_RATE: float(self.optimizer.param_groups[0]["lr"]),
+                TOKENS_PER_S: float(total_tokens) / elapsed,
+                STEP_TIME_S: elapsed,
+            }
+        )
         if not with_logprobs:
             return metrics
         last = self.groups.is_last_stage
-        local = broadcast_from_last_stage(batch.scatter(update_logprobs) if last else None, (batch.num_samples, batch.max_completion_len), self.groups)
+        local = broadcast_from_last_stage(
+            batch.scatter(update_logprobs) if last else None, (batch.num_samples, batch.max_completion_len), self.groups
+        )
         return metrics, to_global(local, batch, self.groups)
 
 

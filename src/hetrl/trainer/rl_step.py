@@ -23,11 +23,11 @@ from torch import Tensor
 
 from hetrl.control import timeline
 from hetrl.monitor import names
+from hetrl.records import Sample
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
 from hetrl.trainer.batch import completion_tensors
 from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.policy import PolicyTrainer
-from hetrl.records import Sample
 
 
 def minibatch_bounds(num_samples: int, num_minibatches: int) -> list[tuple[int, int]]:
@@ -71,7 +71,11 @@ def train_on_batch(
     old_from_update = num_minibatches == 1 and not (algo.kl_in_reward and algo.kl_coef > 0)
     with timeline.span("log-probs"):
         old = None if old_from_update else [policy.compute_logprobs(batch) for batch in batches]
-        ref = [policy.compute_logprobs(batch, reference=True) for batch in batches] if policy.reference is not None and not supervised else None
+        ref = (
+            [policy.compute_logprobs(batch, reference=True) for batch in batches]
+            if policy.reference is not None and not supervised
+            else None
+        )
         values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
     progress()
     old_full = None if old is None else _stack(old, width)
@@ -79,8 +83,14 @@ def train_on_batch(
         advantages, returns = mask, None
     else:
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        rewards = shape_rewards(algo, scores, mask, old_logprobs=old_full, ref_logprobs=None if ref is None else _stack(ref, width),
-                                max_tokens=max_tokens)
+        rewards = shape_rewards(
+            algo,
+            scores,
+            mask,
+            old_logprobs=old_full,
+            ref_logprobs=None if ref is None else _stack(ref, width),
+            max_tokens=max_tokens,
+        )
         values_full = None if values is None else _stack(values, width)
         advantages = compute_advantages(algo, rewards, [s.group_id for s in samples], mask, values=values_full)
         returns = None if values_full is None else compute_value_targets(algo, rewards, mask, values_full)

@@ -42,11 +42,17 @@ TopK = Callable[..., tuple[Tensor, Tensor]]
 class _LayerReplay:
     """What one router asks for its top-k (megatron's ``router_replay`` interface)."""
 
-    def __init__(self, owner: "RoutingReplay", layer: int) -> None:
+    def __init__(self, owner: RoutingReplay, layer: int) -> None:
         self.owner, self.layer = owner, layer
 
-    def get_replay_topk(self, scores: Tensor, topk: int, num_groups: int | None = None, group_topk: int | None = None,
-                        default_compute_topk: TopK | None = None) -> tuple[Tensor, Tensor]:
+    def get_replay_topk(
+        self,
+        scores: Tensor,
+        topk: int,
+        num_groups: int | None = None,
+        group_topk: int | None = None,
+        default_compute_topk: TopK | None = None,
+    ) -> tuple[Tensor, Tensor]:
         assert default_compute_topk is not None
         values, computed = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         owner = self.owner
@@ -54,11 +60,15 @@ class _LayerReplay:
             return values, computed
         target = owner.targets[:, self.layer].to(scores.device)
         if target.shape[0] != scores.shape[0]:
-            raise RuntimeError(f"routing replay: layer {self.layer} routes {scores.shape[0]} tokens, the engine's routing has "
-                               f"{target.shape[0]} rows for them")
+            raise RuntimeError(
+                f"routing replay: layer {self.layer} routes {scores.shape[0]} tokens, the engine's routing has "
+                f"{target.shape[0]} rows for them"
+            )
         if owner.is_measuring:
             differs = (computed.sort(-1).values != target.sort(-1).values).any(-1) & owner.valid.to(scores.device)
-            owner.disagree += differs.sum().cpu()  # the counters live on the host (a CPU scalar cannot take a CUDA one in place)
+            owner.disagree += (
+                differs.sum().cpu()
+            )  # the counters live on the host (a CPU scalar cannot take a CUDA one in place)
             owner.counted += owner.valid.sum()
         if not owner.replay:
             return values, computed
@@ -91,11 +101,14 @@ class RoutingReplay:
             self.targets = None
             return
         if rows.shape[2] != self.num_layers:
-            raise ValueError(f"routing replay: the samples carry routing for {rows.shape[2]} MoE layers, the model has {self.num_layers}")
+            raise ValueError(
+                f"routing replay: the samples carry routing for {rows.shape[2]} MoE layers, the model has "
+                f"{self.num_layers}"
+            )
         rows = rows.transpose(0, 1)  # [s, b, layers, k]: megatron's sequence-major token order
         if self.sequence_parallel and self.groups.tp_size > 1:
             share = rows.shape[0] // self.groups.tp_size
-            rows = rows[self.groups.tp_rank * share:(self.groups.tp_rank + 1) * share]
+            rows = rows[self.groups.tp_rank * share : (self.groups.tp_rank + 1) * share]
         flat = rows.reshape(-1, *rows.shape[2:])
         self.valid = flat[:, 0, 0] >= 0
         default = torch.arange(flat.shape[-1]).expand_as(flat)
@@ -111,7 +124,8 @@ class RoutingReplay:
             self.is_measuring = False
 
     def take_disagreement(self) -> float | None:
-        """Fraction of (token, layer) pairs measured since the last call whose computed experts differ from the engine's.
+        """Fraction of (token, layer) pairs measured since the last call whose computed experts differ from the
+        engine's.
 
         A collective over the trainer's ranks (each routes its own tokens and layers); None when nothing was measured.
         """

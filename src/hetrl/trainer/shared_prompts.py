@@ -52,7 +52,8 @@ def tree_length(samples: Sequence[Sample]) -> int:
 
 
 def tree_attention(query: Tensor, key: Tensor, value: Tensor, tree_ids: Tensor, scale: float) -> Tensor:
-    """Softmax attention over shared-prompt rows, ``[T, R, heads, d]`` (megatron's layout) in, ``[T, R, heads * d]`` out.
+    """Softmax attention over shared-prompt rows, ``[T, R, heads, d]`` (megatron's layout) in, ``[T, R, heads * d]``
+    out.
 
     ``tree_ids`` ``[2, R, T]`` are each position's tree (a GRPO group: its prompt and completions) and branch
     in it (0 the prompt, ``k`` the k-th completion); query ``q`` sees key ``k <= q`` of its own tree when ``k``
@@ -75,11 +76,19 @@ def tree_attention(query: Tensor, key: Tensor, value: Tensor, tree_ids: Tensor, 
 
     q_p, k_p, v_p = (gather(t, layout.prompt_index, (trees, p_len)) for t in (query, key, value))  # [N, h, P, d]
     prompt_out = _attention(q_p, k_p, v_p, layout.prompt_masked, scale)
-    q_b, k_b, v_b = (gather(t, layout.branch_index, (trees, groups, b_len)) for t in (query, key, value))  # [N, G, h, B, d]
-    k_b, v_b = (torch.cat([shared[:, None].expand(-1, groups, -1, -1, -1), own], dim=3).flatten(0, 1)
-                for shared, own in ((k_p, k_b), (v_p, v_b)))  # [N G, kv_h, P + B, d]
+    q_b, k_b, v_b = (
+        gather(t, layout.branch_index, (trees, groups, b_len)) for t in (query, key, value)
+    )  # [N, G, h, B, d]
+    k_b, v_b = (
+        torch.cat([shared[:, None].expand(-1, groups, -1, -1, -1), own], dim=3).flatten(0, 1)
+        for shared, own in ((k_p, k_b), (v_p, v_b))
+    )  # [N G, kv_h, P + B, d]
     branch_out = _attention(q_b.flatten(0, 1), k_b, v_b, layout.branch_masked, scale)  # [N G, h, B, d]
-    flat = [prompt_out.transpose(1, 2).flatten(0, 1), branch_out.transpose(1, 2).flatten(0, 1), prompt_out.new_zeros(1, heads, dim)]
+    flat = [
+        prompt_out.transpose(1, 2).flatten(0, 1),
+        branch_out.transpose(1, 2).flatten(0, 1),
+        prompt_out.new_zeros(1, heads, dim),
+    ]
     out = torch.cat(flat).index_select(0, layout.source)  # back to [T * R, h, d]
     return out.view(query.shape[0], query.shape[1], -1)
 
@@ -139,7 +148,9 @@ class _TreeLayout:
 
         prompt_offset = t - first(key, real, self.trees)[key]  # a tree starts with its prompt
         branch_offset = t - first(slot, in_branch, self.trees * self.groups)[slot]
-        prompt_lens = torch.zeros(self.trees, dtype=torch.long, device=device).index_add_(0, key[in_prompt], torch.ones_like(key[in_prompt]))
+        prompt_lens = torch.zeros(self.trees, dtype=torch.long, device=device).index_add_(
+            0, key[in_prompt], torch.ones_like(key[in_prompt])
+        )
         self.prompt_len = max(int(prompt_lens.max()), 1)
         self.branch_len = int(branch_offset[in_branch].max()) + 1 if in_branch.any() else 1
         flat = t * rows + r
@@ -156,9 +167,15 @@ class _TreeLayout:
         self.source = source.flatten()
         sees_prompt = torch.arange(self.prompt_len, device=device)[None, :] < prompt_lens[:, None]  # [N, P]
         causal = torch.ones(self.branch_len, self.branch_len, dtype=torch.bool, device=device).tril()
-        allowed = torch.cat([sees_prompt[:, None, :].expand(-1, self.branch_len, -1), causal.expand(self.trees, -1, -1)], dim=2)
-        self.branch_masked = ~allowed[:, None, None].expand(-1, self.groups, -1, -1, -1).flatten(0, 1)  # [N G, 1, B, P + B]
-        self.prompt_masked = ~torch.ones(self.prompt_len, self.prompt_len, dtype=torch.bool, device=device).tril()[None, None]
+        allowed = torch.cat(
+            [sees_prompt[:, None, :].expand(-1, self.branch_len, -1), causal.expand(self.trees, -1, -1)], dim=2
+        )
+        self.branch_masked = ~allowed[:, None, None].expand(-1, self.groups, -1, -1, -1).flatten(
+            0, 1
+        )  # [N G, 1, B, P + B]
+        self.prompt_masked = ~torch.ones(self.prompt_len, self.prompt_len, dtype=torch.bool, device=device).tril()[
+            None, None
+        ]
 
 
 def rotary_follows_positions(model: torch.nn.Module) -> None:

@@ -96,17 +96,23 @@ def model_tokens(sample: Sample, spec: ImageSpec | None) -> ModelTokens:
     p = len(sample.prompt_ids)
     if spec is None:
         if sample.images:
-            raise ValueError(f"sample {sample.sample_id} carries {len(sample.images)} images but the policy has no vision encoder "
-                             "(model.arch=llava with model.vision)")
+            raise ValueError(
+                f"sample {sample.sample_id} carries {len(sample.images)} images but the policy has no vision encoder "
+                "(model.arch=llava with model.vision)"
+            )
         return ModelTokens(ids, list(range(p, len(ids))), [])
     placeholders = [k for k, token in enumerate(ids) if token == spec.image_token_id]
     if len(placeholders) != len(sample.images):
-        raise ValueError(f"sample {sample.sample_id} has {len(placeholders)} image placeholders (id {spec.image_token_id}) "
-                         f"but {len(sample.images)} images")
+        raise ValueError(
+            f"sample {sample.sample_id} has {len(placeholders)} image placeholders (id {spec.image_token_id}) "
+            f"but {len(sample.images)} images"
+        )
     sampled = [k - p for k in placeholders if k >= p and sample.loss_mask[k - p]]
     if sampled:
-        raise ValueError(f"sample {sample.sample_id}: completion tokens {sampled[:3]} are image placeholders with loss mask 1 "
-                         "(did the engine sample the image token? it must be banned)")
+        raise ValueError(
+            f"sample {sample.sample_id}: completion tokens {sampled[:3]} are image placeholders with loss mask 1 "
+            "(did the engine sample the image token? it must be banned)"
+        )
     expanded: list[int] = []
     at: list[int] = []  # model position of each original token
     image_positions: list[int] = []
@@ -135,7 +141,9 @@ def _image_processor(image_size: int):  # -> transformers CLIPImageProcessor
     # CLIP's mean/std. transformers picks its backend (PIL, or torchvision where installed) as the
     # engines' processor loading does, so both see the same pixels.
     return transformers.CLIPImageProcessor(
-        size={"height": image_size, "width": image_size}, do_center_crop=False, crop_size={"height": image_size, "width": image_size},
+        size={"height": image_size, "width": image_size},
+        do_center_crop=False,
+        crop_size={"height": image_size, "width": image_size},
     )
 
 
@@ -145,7 +153,9 @@ def pixel_values(images: Sequence[Any], spec: ImageSpec) -> Tensor:
 
     if not images:
         return torch.zeros(0, 3, spec.image_size, spec.image_size)
-    out = _image_processor(spec.image_size)(images=[to_pil(image) for image in images], return_tensors="pt")["pixel_values"]
+    out = _image_processor(spec.image_size)(images=[to_pil(image) for image in images], return_tensors="pt")[
+        "pixel_values"
+    ]
     return out.float()
 
 
@@ -165,16 +175,32 @@ class BidirectionalAttention(torch.nn.Module):
     ``[s, b, heads * d]`` out. No context parallelism or packing: an image is one short sequence.
     """
 
-    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                 attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+    ) -> None:
         super().__init__()
         if attn_mask_type.name != "no_mask":
             raise ValueError(f"BidirectionalAttention takes no mask; got attn_mask_type={attn_mask_type.name}")
         self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                attn_mask_type: Any = None, attention_bias: Tensor | None = None, packed_seq_params: Any = None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
         if attention_mask is not None or attention_bias is not None or packed_seq_params is not None:
             raise ValueError("BidirectionalAttention attends whole images: no mask, bias or packing")
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
@@ -189,15 +215,33 @@ def vision_transformer_config(model_cfg: ModelConfig, trainer_cfg: TrainerConfig
     vision = model_cfg.vision
     dtype = torch.bfloat16 if trainer_cfg.precision == "bf16" else torch.float32
     return TransformerConfig(
-        num_layers=vision.num_layers, hidden_size=vision.hidden_size, ffn_hidden_size=vision.ffn_hidden_size,
-        num_attention_heads=vision.num_attention_heads, num_query_groups=vision.num_attention_heads,
-        kv_channels=vision.hidden_size // vision.num_attention_heads, normalization="LayerNorm", layernorm_epsilon=vision.norm_epsilon,
-        gated_linear_unit=False, activation_func=_quick_gelu, add_bias_linear=True, add_qkv_bias=True,
-        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
-        tensor_model_parallel_size=trainer_cfg.tensor_parallel, pipeline_model_parallel_size=1,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        gradient_accumulation_fusion=False, apply_rope_fusion=False,
+        num_layers=vision.num_layers,
+        hidden_size=vision.hidden_size,
+        ffn_hidden_size=vision.ffn_hidden_size,
+        num_attention_heads=vision.num_attention_heads,
+        num_query_groups=vision.num_attention_heads,
+        kv_channels=vision.hidden_size // vision.num_attention_heads,
+        normalization="LayerNorm",
+        layernorm_epsilon=vision.norm_epsilon,
+        gated_linear_unit=False,
+        activation_func=_quick_gelu,
+        add_bias_linear=True,
+        add_qkv_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        tensor_model_parallel_size=trainer_cfg.tensor_parallel,
+        pipeline_model_parallel_size=1,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
     )
 
 
@@ -206,9 +250,16 @@ def _projector_config(vit_config, model_cfg: ModelConfig):  # noqa: ANN001, ANN2
     from dataclasses import replace
 
     # (attention shapes are unused by an MLP; the text model's pass megatron's TP divisibility checks)
-    return replace(vit_config, num_layers=1, hidden_size=model_cfg.hidden_size, ffn_hidden_size=model_cfg.hidden_size,
-                   num_attention_heads=model_cfg.num_attention_heads, num_query_groups=model_cfg.num_query_groups,
-                   kv_channels=model_cfg.kv_channels, activation_func=F.gelu)
+    return replace(
+        vit_config,
+        num_layers=1,
+        hidden_size=model_cfg.hidden_size,
+        ffn_hidden_size=model_cfg.hidden_size,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_query_groups=model_cfg.num_query_groups,
+        kv_channels=model_cfg.kv_channels,
+        activation_func=F.gelu,
+    )
 
 
 def _vit_layer_spec():  # -> megatron ModuleSpec
@@ -223,12 +274,27 @@ def _vit_layer_spec():  # -> megatron ModuleSpec
 
     from hetrl.trainer.norms import TorchNorm
 
-    attention = ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.no_mask}, submodules=SelfAttentionSubmodules(
-        linear_qkv=ColumnParallelLinear, core_attention=BidirectionalAttention, linear_proj=RowParallelLinear))
-    mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
-    return ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
-        input_layernorm=TorchNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
-        pre_mlp_layernorm=TorchNorm, mlp=mlp, mlp_bda=get_bias_dropout_add))
+    attention = ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.no_mask},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear, core_attention=BidirectionalAttention, linear_proj=RowParallelLinear
+        ),
+    )
+    mlp = ModuleSpec(
+        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    )
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=TorchNorm,
+            self_attention=attention,
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=TorchNorm,
+            mlp=mlp,
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
 
 
 class VisionEncoder(torch.nn.Module):
@@ -252,12 +318,25 @@ class VisionEncoder(torch.nn.Module):
         vision = model_cfg.vision
         self.tp_group = pg_collection.tp  # replicated tensors' checkpoint replica ids count TP ranks
         config = vision_transformer_config(model_cfg, trainer_cfg)
-        self.encoder = CLIPViTModel(config, _vit_layer_spec(), ln_pre_impl=TorchNorm, add_class_token=True, class_token_len=1,
-                                    patch_dim=vision.patch_size, img_h=vision.image_size, img_w=vision.image_size,
-                                    model_subtype="clip", pg_collection=pg_collection)
-        self.projector = MultimodalProjector(_projector_config(config, model_cfg),
-                                             MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
-                                             projector_type="mlp", input_size=vision.hidden_size, tp_group=pg_collection.tp)
+        self.encoder = CLIPViTModel(
+            config,
+            _vit_layer_spec(),
+            ln_pre_impl=TorchNorm,
+            add_class_token=True,
+            class_token_len=1,
+            patch_dim=vision.patch_size,
+            img_h=vision.image_size,
+            img_w=vision.image_size,
+            model_subtype="clip",
+            pg_collection=pg_collection,
+        )
+        self.projector = MultimodalProjector(
+            _projector_config(config, model_cfg),
+            MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
+            projector_type="mlp",
+            input_size=vision.hidden_size,
+            tp_group=pg_collection.tp,
+        )
         self.post_layernorm = torch.nn.LayerNorm(vision.hidden_size, eps=vision.norm_epsilon, dtype=config.params_dtype)
         for param in self.post_layernorm.parameters():
             param.requires_grad_(False)
@@ -275,7 +354,9 @@ class VisionEncoder(torch.nn.Module):
 
         out = {}
         for name, child in self.named_children():
-            out.update(sharded_state_dict_default(child, f"{prefix}{name}.", sharded_offsets, metadata, tp_group=self.tp_group))
+            out.update(
+                sharded_state_dict_default(child, f"{prefix}{name}.", sharded_offsets, metadata, tp_group=self.tp_group)
+            )
         return out
 
 
@@ -301,13 +382,21 @@ def check_layout(model_cfg: ModelConfig, trainer_cfg: TrainerConfig) -> None:
     for what, present in refused.items():
         if present:
             raise ValueError(f"model.arch=llava (vision-language policy) does not support {what}")
-    for name, size in (("model.vision.num_attention_heads", vision.num_attention_heads), ("model.vision.ffn_hidden_size", vision.ffn_hidden_size),
-                       ("model.hidden_size", model_cfg.hidden_size)):
+    for name, size in (
+        ("model.vision.num_attention_heads", vision.num_attention_heads),
+        ("model.vision.ffn_hidden_size", vision.ffn_hidden_size),
+        ("model.hidden_size", model_cfg.hidden_size),
+    ):
         if size % tp:
-            raise ValueError(f"{name}={size} is not divisible by trainer.tensor_parallel={tp} (the vision encoder is tensor parallel)")
+            raise ValueError(
+                f"{name}={size} is not divisible by trainer.tensor_parallel={tp} (the vision encoder is tensor "
+                f"parallel)"
+            )
 
 
-def attach_vision(model: torch.nn.Module, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pg_collection: Any) -> None:
+def attach_vision(
+    model: torch.nn.Module, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, pg_collection: Any
+) -> None:
     """Make a ``GPTModel`` (any pipeline stage) the language model of a LLaVA policy, in place.
 
     Every stage gets ``hf_layout = "llava"`` (its HF names are LLaVA's). The first stage also gets
@@ -340,7 +429,9 @@ def merge_image_embeddings(embeddings: Tensor, image_mask: Tensor, features: Ten
     hidden = embeddings.shape[-1]
     flat = features.reshape(-1, hidden)
     if int(image_mask.sum()) != flat.shape[0]:
-        raise ValueError(f"{int(image_mask.sum())} image positions for {features.shape[0]} images of {features.shape[1]} embeddings")
+        raise ValueError(
+            f"{int(image_mask.sum())} image positions for {features.shape[0]} images of {features.shape[1]} embeddings"
+        )
     merged = embeddings.transpose(0, 1).clone()
     merged[image_mask] = flat.to(merged.dtype)
     return merged.transpose(0, 1).contiguous()

@@ -220,8 +220,13 @@ class Gui:
 
     def layout(self) -> dict[str, Any]:
         """The window as plain data (focus and result aside: a layout is a window before any input)."""
-        return {"title": self.title, "width": self.width, "height": self.height, "pointer": list(self.pointer),
-                "widgets": [w.to_layout() for w in self.widgets]}
+        return {
+            "title": self.title,
+            "width": self.width,
+            "height": self.height,
+            "pointer": list(self.pointer),
+            "widgets": [w.to_layout() for w in self.widgets],
+        }
 
     @property
     def closed(self) -> bool:

@@ -52,8 +52,13 @@ QUESTIONS = ("colour", "kind", "total", "which_colour")
 COLOUR_CODES = sorted(COLOURS)  # which_colour's answers: 1 for the first, ...
 
 
-def make_scene(rng: random.Random, questions: tuple[str, ...] = ("colour", "kind"), min_shapes: int = 2,
-               max_shapes: int = 7, fill: bool = False) -> tuple[list[dict[str, Any]], str, str]:
+def make_scene(
+    rng: random.Random,
+    questions: tuple[str, ...] = ("colour", "kind"),
+    min_shapes: int = 2,
+    max_shapes: int = 7,
+    fill: bool = False,
+) -> tuple[list[dict[str, Any]], str, str]:
     """(shapes, question, answer) for one seeded scene; the question is one of ``questions`` (:data:`QUESTIONS`).
 
     ``fill``: shapes reach their cell's edges (no margin), so more of each image patch shows their colour.
@@ -94,7 +99,9 @@ class ShapesSource(ProceduralSource):
 
     ANSWER_INSTRUCTION = " Give the number inside <answer></answer> tags."
 
-    def __init__(self, size: int, seed: int, options: dict[str, Any] | None = None, answer_instruction: str | None = None) -> None:
+    def __init__(
+        self, size: int, seed: int, options: dict[str, Any] | None = None, answer_instruction: str | None = None
+    ) -> None:
         super().__init__(size, seed)
         self.answer_instruction = self.ANSWER_INSTRUCTION if answer_instruction is None else answer_instruction
         options = dict(options or {})
@@ -102,17 +109,29 @@ class ShapesSource(ProceduralSource):
         self.min_shapes, self.max_shapes = int(options.pop("min_shapes", 2)), int(options.pop("max_shapes", 7))
         self.fill = bool(options.pop("fill", False))
         if options:
-            raise ValueError(f"shapes: unknown env.tasks.options {sorted(options)} (known: questions, min_shapes, max_shapes, fill)")
+            raise ValueError(
+                f"shapes: unknown env.tasks.options {sorted(options)} (known: questions, min_shapes, max_shapes, fill)"
+            )
         if not self.questions or set(self.questions) - set(QUESTIONS):
-            raise ValueError(f"shapes: env.tasks.options.questions={list(self.questions)} must be a non-empty subset of {list(QUESTIONS)}")
+            raise ValueError(
+                f"shapes: env.tasks.options.questions={list(self.questions)} must be a non-empty subset of "
+                f"{list(QUESTIONS)}"
+            )
         if not 1 <= self.min_shapes <= self.max_shapes <= (IMAGE_SIZE // CELL) ** 2:
-            raise ValueError(f"shapes: need 1 <= min_shapes ({self.min_shapes}) <= max_shapes ({self.max_shapes}) <= {(IMAGE_SIZE // CELL) ** 2}")
+            raise ValueError(
+                f"shapes: need 1 <= min_shapes ({self.min_shapes}) <= max_shapes ({self.max_shapes}) <= "
+                f"{(IMAGE_SIZE // CELL) ** 2}"
+            )
 
     def make(self, rng: random.Random, index: int) -> Task:
         shapes, question, answer = make_scene(rng, self.questions, self.min_shapes, self.max_shapes, self.fill)
-        return Task(task_id=f"shapes/{index}", source=self.name,
-                    messages=[{"role": "user", "content": question + self.answer_instruction}],
-                    answer=answer, metadata={"shapes": shapes})
+        return Task(
+            task_id=f"shapes/{index}",
+            source=self.name,
+            messages=[{"role": "user", "content": question + self.answer_instruction}],
+            answer=answer,
+            metadata={"shapes": shapes},
+        )
 
 
 def swap_scenes(tasks: list[Task]) -> list[Task]:
@@ -122,13 +141,18 @@ def swap_scenes(tasks: list[Task]) -> list[Task]:
     the question alone scores the same (``eval.image_ablation``).
     """
     scenes = [task.metadata for task in tasks[1:] + tasks[:1]]
-    return [dataclasses.replace(task, task_id=f"{task.task_id}/swapped", metadata=scene) for task, scene in zip(tasks, scenes)]
+    return [
+        dataclasses.replace(task, task_id=f"{task.task_id}/swapped", metadata=scene)
+        for task, scene in zip(tasks, scenes)
+    ]
 
 
 class MultimodalEnv(MathEnv):
     """Single-turn visual question answering, scored like math (the answer is a number)."""
 
-    system_prompt = "Look at the image and answer the question. Give only the final answer inside <answer></answer> tags."
+    system_prompt = (
+        "Look at the image and answer the question. Give only the final answer inside <answer></answer> tags."
+    )
 
     async def reset(self, task: Task, seed: int) -> list[Message]:
         if "shapes" not in task.metadata:

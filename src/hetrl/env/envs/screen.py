@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hetrl.env.base import Message, StepResult, Task
 from hetrl.env.envs.gui import Box, Button, Checkbox, Dropdown, Gui, ListBox, TextField, Widget, centre
@@ -84,7 +85,7 @@ def _draw_button(draw, w: Button, focused: bool) -> None:
 
 def _draw_list(draw, w: ListBox, focused: bool) -> None:
     _fill(draw, w.box, PAPER, FOCUS if focused else BORDER)
-    for row, item in enumerate(w.items[w.offset: w.offset + w.rows]):
+    for row, item in enumerate(w.items[w.offset : w.offset + w.rows]):
         box = w.row_box(row)
         chosen = w.offset + row == w.selected
         if chosen:
@@ -116,8 +117,13 @@ def _draw_menu(draw, w: Dropdown) -> None:
     _outline(draw, w.menu_box(), BORDER)
 
 
-_DRAW: dict[type[Widget], Callable[..., None]] = {TextField: _draw_field, Checkbox: _draw_checkbox,
-                                                  Button: _draw_button, ListBox: _draw_list, Dropdown: _draw_dropdown}
+_DRAW: dict[type[Widget], Callable[..., None]] = {
+    TextField: _draw_field,
+    Checkbox: _draw_checkbox,
+    Button: _draw_button,
+    ListBox: _draw_list,
+    Dropdown: _draw_dropdown,
+}
 
 
 def render(gui: Gui):
@@ -145,10 +151,26 @@ BUTTON_SLOTS = (6, 58, 110)  # left edges of the 44-pixel buttons along the bott
 FIELD_LABELS = ("Name", "City", "Pet", "Team", "Food", "Code", "Town", "Band")
 WORDS = ("cat", "dog", "blue", "paris", "oslo", "rex", "milo", "tea", "jazz", "kiwi", "lima", "rome", "ace", "zed")
 CHECK_LABELS = ("Red", "Green", "Blue", "Bold", "Italic", "Sound", "Wifi", "Music", "Maps", "Mail")
-MENUS = {"Colour": ("Red", "Green", "Blue", "Yellow", "Black"), "Size": ("Small", "Medium", "Large", "Huge"),
-         "Day": ("Mon", "Tue", "Wed", "Thu", "Fri"), "Font": ("Sans", "Serif", "Mono", "Script")}
-FILES = ("report.txt", "notes.md", "data.csv", "photo.png", "todo.txt", "main.py", "budget.xls", "song.mp3",
-         "paper.pdf", "draft.doc", "index.html", "logo.svg")
+MENUS = {
+    "Colour": ("Red", "Green", "Blue", "Yellow", "Black"),
+    "Size": ("Small", "Medium", "Large", "Huge"),
+    "Day": ("Mon", "Tue", "Wed", "Thu", "Fri"),
+    "Font": ("Sans", "Serif", "Mono", "Script"),
+}
+FILES = (
+    "report.txt",
+    "notes.md",
+    "data.csv",
+    "photo.png",
+    "todo.txt",
+    "main.py",
+    "budget.xls",
+    "song.mp3",
+    "paper.pdf",
+    "draft.doc",
+    "index.html",
+    "logo.svg",
+)
 
 
 @dataclass
@@ -170,44 +192,89 @@ def _buttons(rng: random.Random, submit: str, others: tuple[str, ...], deletes: 
     """The submit button (the default one) and distractors that also close the window, in seeded slots."""
     labels = [submit, *others]
     slots = rng.sample(BUTTON_SLOTS, len(labels))
-    return [Button(f"button.{label.lower()}", (x, 101, x + 44, 115), label=label, default=label == submit,
-                   deletes=deletes if label == submit else None) for label, x in zip(labels, slots)]
+    return [
+        Button(
+            f"button.{label.lower()}",
+            (x, 101, x + 44, 115),
+            label=label,
+            default=label == submit,
+            deletes=deletes if label == submit else None,
+        )
+        for label, x in zip(labels, slots)
+    ]
 
 
 def _form(rng: random.Random) -> Draft:
     labels = rng.sample(FIELD_LABELS, rng.randint(2, 3))
     rows = sorted(rng.sample(range(len(ROWS)), len(labels)))
-    fields = [TextField(f"field.{label.lower()}", _row(row, 44, 156), label=label,
-                        text=rng.choice(WORDS) if rng.random() < 0.5 else "", max_chars=(156 - 44 - 6) // CHAR_WIDTH)
-              for label, row in zip(labels, rows)]
+    fields = [
+        TextField(
+            f"field.{label.lower()}",
+            _row(row, 44, 156),
+            label=label,
+            text=rng.choice(WORDS) if rng.random() < 0.5 else "",
+            max_chars=(156 - 44 - 6) // CHAR_WIDTH,
+        )
+        for label, row in zip(labels, rows)
+    ]
     target = rng.choice(fields)
     word = rng.choice([w for w in WORDS if w != target.text])
     submit = rng.choice(("Submit", "OK", "Save", "Send"))
-    return Draft(rng.choice(("Sign up", "Contact", "Profile")), [*fields, *_buttons(rng, submit, ("Cancel",))],
-                 f"Set the {target.label} field to '{word}', then press {submit}.", submit, {target.name: word})
+    return Draft(
+        rng.choice(("Sign up", "Contact", "Profile")),
+        [*fields, *_buttons(rng, submit, ("Cancel",))],
+        f"Set the {target.label} field to '{word}', then press {submit}.",
+        submit,
+        {target.name: word},
+    )
 
 
 def _checkboxes(rng: random.Random) -> Draft:
     labels = rng.sample(CHECK_LABELS, rng.randint(3, 4))
     cells = sorted(rng.sample([(6 + 76 * col, row) for col in range(2) for row in range(4)], len(labels)))
-    boxes = [Checkbox(f"checkbox.{label.lower()}", _row(row, x0, x0 + 13 + CHAR_WIDTH * len(label)), label=label,
-                      checked=rng.random() < 0.5) for label, (x0, row) in zip(labels, cells)]
+    boxes = [
+        Checkbox(
+            f"checkbox.{label.lower()}",
+            _row(row, x0, x0 + 13 + CHAR_WIDTH * len(label)),
+            label=label,
+            checked=rng.random() < 0.5,
+        )
+        for label, (x0, row) in zip(labels, cells)
+    ]
     target = rng.choice(boxes)
     submit = rng.choice(("OK", "Apply", "Save"))
     goal = f"{'Uncheck' if target.checked else 'Check'} the box labelled '{target.label}', then click {submit}."
-    return Draft(rng.choice(("Settings", "Options", "Preferences")), [*boxes, *_buttons(rng, submit, ("Cancel",))],
-                 goal, submit, {target.name: not target.checked})
+    return Draft(
+        rng.choice(("Settings", "Options", "Preferences")),
+        [*boxes, *_buttons(rng, submit, ("Cancel",))],
+        goal,
+        submit,
+        {target.name: not target.checked},
+    )
 
 
 def _menus(rng: random.Random) -> Draft:
     labels = rng.sample(sorted(MENUS), 2)  # rows 0 and 1: an open menu of five options still fits the screen
-    menus = [Dropdown(f"dropdown.{label.lower()}", _row(row, 44, 120), label=label, options=list(MENUS[label]),
-                      selected=rng.randrange(len(MENUS[label]))) for row, label in enumerate(labels)]
+    menus = [
+        Dropdown(
+            f"dropdown.{label.lower()}",
+            _row(row, 44, 120),
+            label=label,
+            options=list(MENUS[label]),
+            selected=rng.randrange(len(MENUS[label])),
+        )
+        for row, label in enumerate(labels)
+    ]
     target = rng.choice(menus)
     option = rng.choice([o for o in target.options if o != target.value()])
     submit = rng.choice(("OK", "Apply"))
-    return Draft("Format", [*menus, *_buttons(rng, submit, ("Cancel",))],
-                 f"Choose '{option}' in the {target.label} menu, then click {submit}.", submit, {target.name: option})
+    return Draft(
+        "Format",
+        [*menus, *_buttons(rng, submit, ("Cancel",))],
+        f"Choose '{option}' in the {target.label} menu, then click {submit}.",
+        submit,
+        {target.name: option},
+    )
 
 
 def _files(rng: random.Random) -> Draft:
@@ -215,8 +282,13 @@ def _files(rng: random.Random) -> Draft:
     listing = ListBox("list.files", (6, 17, 154, 17 + 5 * 12 + 2), items=files)
     target = rng.choice(files)
     buttons = _buttons(rng, "Delete", ("Open", "Cancel"), deletes=listing.name)
-    return Draft(rng.choice(("Files", "Documents", "Downloads")), [listing, *buttons],
-                 f"Select the file '{target}', then press Delete.", "Delete", {listing.name: [f for f in files if f != target]})
+    return Draft(
+        rng.choice(("Files", "Documents", "Downloads")),
+        [listing, *buttons],
+        f"Select the file '{target}', then press Delete.",
+        "Delete",
+        {listing.name: [f for f in files if f != target]},
+    )
 
 
 FAMILIES = {"form": _form, "checkboxes": _checkboxes, "menus": _menus, "files": _files}
@@ -242,9 +314,13 @@ class ScreenTaskSource(ProceduralSource):
         draft = FAMILIES[family](rng)
         gui = Gui(draft.title, draft.widgets, WIDTH, HEIGHT, (WIDTH // 2, HEIGHT // 2))
         expect = {"submit": draft.submit, "values": {**gui.values(), **draft.changes}}
-        return Task(task_id=f"screen_tasks/{index}", source=self.name,
-                    messages=[{"role": "user", "content": draft.goal}], answer=expect,
-                    metadata={"family": family, "layout": gui.layout()})
+        return Task(
+            task_id=f"screen_tasks/{index}",
+            source=self.name,
+            messages=[{"role": "user", "content": draft.goal}],
+            answer=expect,
+            metadata={"family": family, "layout": gui.layout()},
+        )
 
 
 # --- the environment -------------------------------------------------------------------------------
@@ -252,9 +328,11 @@ class ScreenEnv(ToolEnv):
     """The screen tools over one ``Gui`` per episode; ``max_steps`` bounds the actions (tool calls, bad
     ones included), so a policy that never presses a button still ends."""
 
-    base_prompt = (f"You operate a computer through its screen. Each turn you see a {WIDTH}x{HEIGHT} screenshot; "
-                   "pixel (0, 0) is the top-left corner, x grows to the right and y downwards. Use the tools to "
-                   "do the task; pressing a button closes the window and ends the task.")
+    base_prompt = (
+        f"You operate a computer through its screen. Each turn you see a {WIDTH}x{HEIGHT} screenshot; "
+        "pixel (0, 0) is the top-left corner, x grows to the right and y downwards. Use the tools to "
+        "do the task; pressing a button closes the window and ends the task."
+    )
 
     def __init__(self, system_prompt: str | None = None, max_steps: int = 16) -> None:
         if max_steps < 1:
@@ -269,8 +347,10 @@ class ScreenEnv(ToolEnv):
             raise ValueError(f"task {task.task_id}: the screen env needs a layout (metadata['layout'])")
         self.gui = Gui.from_layout(task.metadata["layout"])
         messages = await super().reset(task, seed)
-        messages[-1]["content"] = [{"type": "image", "image": render(self.gui)},
-                                   {"type": "text", "text": messages[-1]["content"]}]
+        messages[-1]["content"] = [
+            {"type": "image", "image": render(self.gui)},
+            {"type": "text", "text": messages[-1]["content"]},
+        ]
         return messages
 
     async def step(self, action: Message) -> StepResult:
@@ -289,8 +369,10 @@ class ScreenEnv(ToolEnv):
         if not parsed or self._over():
             return StepResult([], reward=await self.finish(action), done=True, info=self._counts())
         left = self.max_steps - self.num_tool_calls
-        screenshot = [{"type": "image", "image": render(self.gui)},
-                      {"type": "text", "text": f"The screen now ({left} actions left)."}]
+        screenshot = [
+            {"type": "image", "image": render(self.gui)},
+            {"type": "text", "text": f"The screen now ({left} actions left)."},
+        ]
         return StepResult([*observations, {"role": "user", "content": screenshot}], info=self._counts())
 
     async def _record(self, observations: list[Message], parsed: ParsedCalls) -> None:

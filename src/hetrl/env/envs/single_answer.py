@@ -13,8 +13,7 @@ class MathEnv(Environment):
     re-score the same text independently.
     """
 
-    system_prompt = ("Solve the problem. Think briefly, then give only the final answer inside "
-                     "<answer></answer> tags.")
+    system_prompt = "Solve the problem. Think briefly, then give only the final answer inside <answer></answer> tags."
 
     def __init__(self, system_prompt: str | None = None, scorer: Scorer = score_answer) -> None:
         super().__init__(system_prompt)

@@ -21,7 +21,7 @@ from hetrl.env.execution import CodeRunner
 from hetrl.env.tasks.base import ProceduralSource
 
 COMMAND_TIMEOUT_S = 5.0
-_HARNESS = r'''
+_HARNESS = r"""
 import base64, json, os, subprocess, sys
 req = json.load(sys.stdin)
 root = "/work/fs"
@@ -54,7 +54,7 @@ while state:
     state = state[os.write(fd, state):]
 sys.stdout.buffer.write(out)
 sys.stderr.buffer.write(err)
-'''
+"""
 
 
 class FileSystem:
@@ -70,10 +70,12 @@ class FileSystem:
 
     def request(self, command: str) -> str:
         files = {k: base64.b64encode(v).decode() for k, v in self.files.items()}
-        return json.dumps({"files": files, "dirs": sorted(self.dirs), "command": command, "timeout_s": COMMAND_TIMEOUT_S})
+        return json.dumps(
+            {"files": files, "dirs": sorted(self.dirs), "command": command, "timeout_s": COMMAND_TIMEOUT_S}
+        )
 
     @classmethod
-    def from_channel(cls, payload: bytes) -> tuple["FileSystem", int]:
+    def from_channel(cls, payload: bytes) -> tuple[FileSystem, int]:
         """The new state and the command's exit code, from the harness's channel bytes."""
         state = json.loads(payload)
         for path in [*state["files"], *state["dirs"]]:
@@ -86,25 +88,34 @@ class FileSystem:
 # --- tasks: (initial files, instruction, checker) per family, all derived from the task's params --
 def _sort_numbers(rng: random.Random) -> dict[str, Any]:
     numbers = [rng.randint(-500, 500) for _ in range(rng.randint(5, 12))]
-    return {"files": {"numbers.txt": "\n".join(map(str, numbers)) + "\n"},
-            "instruction": "Write the numbers of numbers.txt, sorted ascending (numerically), one per line, to sorted.txt.",
-            "expect": {"sorted.txt": "\n".join(map(str, sorted(numbers))) + "\n"}}
+    return {
+        "files": {"numbers.txt": "\n".join(map(str, numbers)) + "\n"},
+        "instruction": "Write the numbers of numbers.txt, sorted ascending (numerically), one per line, to sorted.txt.",
+        "expect": {"sorted.txt": "\n".join(map(str, sorted(numbers))) + "\n"},
+    }
 
 
 def _count_errors(rng: random.Random) -> dict[str, Any]:
     lines = [f"{rng.choice(['INFO', 'ERROR', 'WARN'])} event {i}" for i in range(rng.randint(6, 15))]
     count = sum(line.startswith("ERROR") for line in lines)
-    return {"files": {"app.log": "\n".join(lines) + "\n"},
-            "instruction": "Count the lines of app.log that start with ERROR and write just that number to count.txt.",
-            "expect": {"count.txt": f"{count}\n"}}
+    return {
+        "files": {"app.log": "\n".join(lines) + "\n"},
+        "instruction": "Count the lines of app.log that start with ERROR and write just that number to count.txt.",
+        "expect": {"count.txt": f"{count}\n"},
+    }
 
 
 def _organise_logs(rng: random.Random) -> dict[str, Any]:
     names = [f"{w}.{rng.choice(['log', 'txt'])}" for w in rng.sample(["alpha", "beta", "gamma", "delta", "omega"], 4)]
     files = {n: f"contents of {n}\n" for n in names}
     expect = {(f"logs/{n}" if n.endswith(".log") else n): text for n, text in files.items()}
-    return {"files": files, "instruction": "Create a directory logs and move every .log file into it; leave other files.",
-            "expect": expect, "exact": True, "dirs": ["logs"]}
+    return {
+        "files": files,
+        "instruction": "Create a directory logs and move every .log file into it; leave other files.",
+        "expect": expect,
+        "exact": True,
+        "dirs": ["logs"],
+    }
 
 
 FAMILIES = {"sort_numbers": _sort_numbers, "count_errors": _count_errors, "organise_logs": _organise_logs}
@@ -131,15 +142,22 @@ class FileOpsSource(ProceduralSource):
         family = sorted(FAMILIES)[index % len(FAMILIES)]
         spec = FAMILIES[family](rng)
         message = f"You are in a directory with these files: {', '.join(sorted(spec['files']))}.\n{spec['instruction']}"
-        return Task(task_id=f"file_ops/{index}", source=self.name, messages=[{"role": "user", "content": message}],
-                    answer=spec, metadata={"family": family})
+        return Task(
+            task_id=f"file_ops/{index}",
+            source=self.name,
+            messages=[{"role": "user", "content": message}],
+            answer=spec,
+            metadata={"family": family},
+        )
 
 
 class TerminalEnv(ToolEnv):
     """One tool, ``shell``; the reward is ``check_state`` on the file system when the policy stops."""
 
-    base_prompt = ("You operate a Linux shell in a sandbox (no network). Use the shell tool to complete the task; "
-                   "reply without a tool call when you are done.")
+    base_prompt = (
+        "You operate a Linux shell in a sandbox (no network). Use the shell tool to complete the task; "
+        "reply without a tool call when you are done."
+    )
 
     def __init__(self, runner: CodeRunner, system_prompt: str | None = None) -> None:
         self.runner = runner

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 import operator
 from abc import abstractmethod
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hetrl.env.base import Environment, Message, StepResult, Task
 from hetrl.env.execution import CodeRunner, describe_failure
@@ -55,14 +56,23 @@ class ToolEnv(Environment):
         """The episode's reward once the policy answers without a tool call."""
 
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-              ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 MAX_EXPONENT = 1000  # 9**9**9 would hang the worker: big powers are refused
 
 
 def evaluate_arithmetic(expression: str) -> float | int:
     """Evaluate + - * / // % ** on numbers without eval(); ValueError for anything else."""
+
     def walk(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
@@ -74,6 +84,7 @@ def evaluate_arithmetic(expression: str) -> float | int:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
             return _OPERATORS[type(node.op)](walk(node.operand))
         raise ValueError(f"unsupported syntax: {ast.dump(node)[:80]}")
+
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
@@ -84,8 +95,10 @@ def evaluate_arithmetic(expression: str) -> float | int:
 class ToolMathEnv(ToolEnv):
     """Math with tools: ``calculator`` (in-process, safe) and ``python`` (sandboxed via the runner)."""
 
-    base_prompt = ("Solve the problem. You may use tools; when you know the result, reply without a tool "
-                   "call and give the final answer inside <answer></answer> tags.")
+    base_prompt = (
+        "Solve the problem. You may use tools; when you know the result, reply without a tool "
+        "call and give the final answer inside <answer></answer> tags."
+    )
 
     def __init__(self, runner: CodeRunner, system_prompt: str | None = None, scorer: Scorer = score_answer) -> None:
         self.runner = runner

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from hetrl.env.base import Task
 
-INSTRUCTION = ("Complete the following Python function. Reply with the whole function in a "
-               "```python``` code block.\n\n")
+INSTRUCTION = "Complete the following Python function. Reply with the whole function in a ```python``` code block.\n\n"
 
 
 class HumanEvalSource:

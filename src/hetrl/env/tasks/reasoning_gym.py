@@ -17,8 +17,14 @@ class ReasoningGymSource:
     env and reward workers can call the dataset's scorer on it.
     """
 
-    def __init__(self, name: str, size: int, seed: int, options: dict[str, Any] | None = None,
-                 answer_instruction: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        size: int,
+        seed: int,
+        options: dict[str, Any] | None = None,
+        answer_instruction: str | None = None,
+    ) -> None:
         import reasoning_gym
 
         try:
@@ -39,7 +45,14 @@ class ReasoningGymSource:
         return Task(
             task_id=f"{self.name}/{index}",
             source=self.name,
-            messages=[{"role": "user", "content": f"{entry['question']}\n\n{self._instruction}" if self._instruction else entry["question"]}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": f"{entry['question']}\n\n{self._instruction}"
+                    if self._instruction
+                    else entry["question"],
+                }
+            ],
             answer=entry["answer"],
             metadata={"reasoning_gym": {"name": self._rg_name, "entry": entry}},
         )

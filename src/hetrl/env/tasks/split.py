@@ -104,15 +104,21 @@ class SplitReport:
     def summary(self) -> str:
         """One line for the run's console."""
         if self.too_small:
-            return (f"the task space is too small to split ({self.num_distinct:,} distinct tasks in "
-                    f"{self.num_training:,}, {self.num_shared} of them held out); {self.num_overlap} of "
-                    f"{self.num_held_out} held-out tasks ({self.overlap_fraction:.0%}) also appear in training")
+            return (
+                f"the task space is too small to split ({self.num_distinct:,} distinct tasks in "
+                f"{self.num_training:,}, {self.num_shared} of them held out); {self.num_overlap} of "
+                f"{self.num_held_out} held-out tasks ({self.overlap_fraction:.0%}) also appear in training"
+            )
         if not self.num_overlap:
-            return (f"none of the {self.num_held_out} held-out tasks appears among the {self.num_training:,} "
-                    "training tasks (overlap 0%)")
-        return (f"{self.num_overlap} of {self.num_held_out} held-out tasks found in the training source, carved out "
-                f"({self.num_removed:,} of {self.num_training:,} training tasks removed, training keeps "
-                f"{self.num_training - self.num_removed:,}; overlap 0%)")
+            return (
+                f"none of the {self.num_held_out} held-out tasks appears among the {self.num_training:,} "
+                "training tasks (overlap 0%)"
+            )
+        return (
+            f"{self.num_overlap} of {self.num_held_out} held-out tasks found in the training source, carved out "
+            f"({self.num_removed:,} of {self.num_training:,} training tasks removed, training keeps "
+            f"{self.num_training - self.num_removed:,}; overlap 0%)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "overlap_fraction": self.overlap_fraction}
@@ -125,8 +131,12 @@ class HeldOutSplit:
     report: SplitReport
 
 
-def split_held_out(training: TaskSource, held_out: list[tuple[Task, int]], eval_source: TaskSource,
-                   max_carve_fraction: float = MAX_CARVE_FRACTION) -> HeldOutSplit:
+def split_held_out(
+    training: TaskSource,
+    held_out: list[tuple[Task, int]],
+    eval_source: TaskSource,
+    max_carve_fraction: float = MAX_CARVE_FRACTION,
+) -> HeldOutSplit:
     """Carve the contents of ``held_out`` (drawn from ``eval_source``) out of ``training``, or report their
     overlap when the task space is too small to split."""
     held_keys = [content_key(task, eval_source) for task, _ in held_out]
@@ -142,8 +152,12 @@ def split_held_out(training: TaskSource, held_out: list[tuple[Task, int]], eval_
     too_small = len(shared) > max_carve_fraction * len(distinct)
     carve = bool(shared) and not too_small
     report = SplitReport(
-        num_training=len(training), num_distinct=len(distinct), num_held_out=len(held_out),
-        num_overlap=sum(key in shared for key in held_keys), num_shared=len(shared),
-        num_removed=len(training) - len(kept) if carve else 0, too_small=too_small,
+        num_training=len(training),
+        num_distinct=len(distinct),
+        num_held_out=len(held_out),
+        num_overlap=sum(key in shared for key in held_keys),
+        num_shared=len(shared),
+        num_removed=len(training) - len(kept) if carve else 0,
+        too_small=too_small,
     )
     return HeldOutSplit(held_out, SubsetSource(training, kept) if carve else training, report)

@@ -58,7 +58,7 @@ class TensorMeta:
         return _dtype(self.dtype).itemsize * _numel(self.shape)
 
     @classmethod
-    def of(cls, name: str, tensor: torch.Tensor, with_checksum: bool) -> "TensorMeta":
+    def of(cls, name: str, tensor: torch.Tensor, with_checksum: bool) -> TensorMeta:
         return cls(
             name=name,
             shape=tuple(tensor.shape),
@@ -139,7 +139,7 @@ class StagedWeights:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def on_host(self) -> "StagedWeights":
+    def on_host(self) -> StagedWeights:
         """This push with its tensors in host memory (the same object's tensors where they already are).
 
         Tensors staged in shared memory are already there; the copy does not name their directory,

@@ -87,7 +87,9 @@ def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
     group.broadcast([tensor], options).wait()
 
 
-def send_message(group: WeightSyncGroup, kind: int, meta: dict | None = None, payload: torch.Tensor | None = None) -> None:
+def send_message(
+    group: WeightSyncGroup, kind: int, meta: dict | None = None, payload: torch.Tensor | None = None
+) -> None:
     blob = json.dumps(meta).encode() if meta is not None else b""
     payload_len = payload.numel() if payload is not None else 0
     broadcast(group.control, torch.tensor([kind, len(blob), payload_len], dtype=torch.int64))
@@ -183,9 +185,13 @@ class CollectiveWeightReceiver(WeightReceiver):
         problem: WeightSyncError | None = None
         try:
             while True:
-                kind, meta, payload = self._next_message(staged.version if staged else version, len(staged.tensors) if staged else 0)
+                kind, meta, payload = self._next_message(
+                    staged.version if staged else version, len(staged.tensors) if staged else 0
+                )
                 if kind == ABORT:
-                    raise WeightSyncError(f"the sender voided push v{meta.get('version')} midway (its weight source raised)")
+                    raise WeightSyncError(
+                        f"the sender voided push v{meta.get('version')} midway (its weight source raised)"
+                    )
                 staged = staged or StagedWeights(version=int(meta["version"]), tensors={})
                 if kind == END:
                     break
@@ -194,7 +200,9 @@ class CollectiveWeightReceiver(WeightReceiver):
                     if problem is None:
                         if self.shared_memory and shared is None:
                             shared = SharedMemoryPush(staged.version)
-                        metas = [TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]]
+                        metas = [
+                            TensorMeta(m["name"], tuple(m["shape"]), m["dtype"], m["checksum"]) for m in meta["tensors"]
+                        ]
                         staged.add(unpack_bucket(metas, shared.add_bucket(metas, buffer) if shared else buffer), metas)
                 except WeightStreamBroken:
                     raise

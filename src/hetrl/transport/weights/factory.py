@@ -31,8 +31,10 @@ def resolve_transport(weight_sync: str, *, on_gpu: bool, engines_on_sender_gpu: 
     if weight_sync not in TRANSPORTS:
         raise ValueError(f"unknown rollout.weight_sync {weight_sync!r}; valid: auto, {', '.join(TRANSPORTS)}")
     if weight_sync == "ipc" and not (on_gpu and engines_on_sender_gpu):
-        raise ValueError("rollout.weight_sync='ipc' needs every engine colocated on trainer rank 0's GPU (one engine on the "
-                         "trainer's node); use 'collective' (NCCL broadcast) or 'filesystem'")
+        raise ValueError(
+            "rollout.weight_sync='ipc' needs every engine colocated on trainer rank 0's GPU (one engine on the "
+            "trainer's node); use 'collective' (NCCL broadcast) or 'filesystem'"
+        )
     return weight_sync
 
 
@@ -72,13 +74,22 @@ def _build(kind: str, side: int, group: WeightSyncGroup | None, root: str | Path
     return cls(root, verify=verify, **extra) if kind == "filesystem" else cls(group, verify=verify, **extra)
 
 
-def build_weight_sender(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False) -> WeightSender:
+def build_weight_sender(
+    kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False
+) -> WeightSender:
     """The trainer-side transport ``kind``: ``group`` for collective/ipc, ``root`` for filesystem."""
     return _build(kind, 0, group, root, verify)
 
 
-def build_weight_receiver(kind: str, *, group: WeightSyncGroup | None = None, root: str | Path | None = None, verify: bool = False,
-                          shared_memory: bool = False, wait_s: float = 300.0) -> WeightReceiver:
+def build_weight_receiver(
+    kind: str,
+    *,
+    group: WeightSyncGroup | None = None,
+    root: str | Path | None = None,
+    verify: bool = False,
+    shared_memory: bool = False,
+    wait_s: float = 300.0,
+) -> WeightReceiver:
     """The engine-side counterpart of :func:`build_weight_sender`.
 
     ``shared_memory``: collective/ipc pushes are staged in ``/dev/shm`` files, for engines with TP

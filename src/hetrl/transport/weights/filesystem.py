@@ -26,7 +26,15 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from hetrl.transport.weights.base import Bucket, StagedWeights, TensorMeta, WeightReceiver, WeightSender, WeightStreamBroken, WeightSyncError
+from hetrl.transport.weights.base import (
+    Bucket,
+    StagedWeights,
+    TensorMeta,
+    WeightReceiver,
+    WeightSender,
+    WeightStreamBroken,
+    WeightSyncError,
+)
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
@@ -70,7 +78,9 @@ class FilesystemWeightSender(WeightSender):
             for index, bucket in enumerate(buckets):
                 file_name = f"bucket_{index:05d}.safetensors"
                 # clone(): safetensors refuses tensors that share storage (tied embeddings, views).
-                save_file({name: tensor.detach().contiguous().cpu().clone() for name, tensor in bucket}, tmp / file_name)
+                save_file(
+                    {name: tensor.detach().contiguous().cpu().clone() for name, tensor in bucket}, tmp / file_name
+                )
                 for name, tensor in bucket:
                     entries.append({"file": file_name, **asdict(TensorMeta.of(name, tensor, self.verify))})
                     num_bytes += tensor.numel() * tensor.element_size()
@@ -113,10 +123,14 @@ class FilesystemWeightReceiver(WeightReceiver):
             except FileNotFoundError:
                 pass
             except (OSError, ValueError) as error:
-                raise WeightSyncError(f"weight push v{version} under {directory} has an unreadable manifest: {error}") from error
+                raise WeightSyncError(
+                    f"weight push v{version} under {directory} has an unreadable manifest: {error}"
+                ) from error
             if time.monotonic() > deadline:
-                raise WeightStreamBroken(f"send {attempt + 1} of weight push v{version} did not appear under {self.root} "
-                                         f"within {self.wait_s:.0f} s")
+                raise WeightStreamBroken(
+                    f"send {attempt + 1} of weight push v{version} did not appear under {self.root} "
+                    f"within {self.wait_s:.0f} s"
+                )
             time.sleep(0.05)
 
     def latest_version(self) -> int | None:

@@ -60,7 +60,9 @@ class IpcWeightReceiver(CollectiveWeightReceiver):
 
     def _bucket_buffer(self, meta: dict, payload: torch.Tensor | None) -> torch.Tensor:
         if "ipc_handle" not in meta:
-            raise WeightStreamBroken("an 'ipc' receiver got a bucket without an IPC handle: the sender uses another transport")
+            raise WeightStreamBroken(
+                "an 'ipc' receiver got a bucket without an IPC handle: the sender uses another transport"
+            )
         failure: Exception | None = None
         try:
             rebuild, args = pickle.loads(base64.b64decode(meta["ipc_handle"]))

@@ -42,9 +42,13 @@ class SharedMemoryPush:
     def __init__(self, version: int) -> None:
         self.version = version
         try:
-            self.path = Path(tempfile.mkdtemp(prefix=f"{PUSH_PREFIX}{os.getpid()}-v{version}-", dir=shared_memory_dir()))
+            self.path = Path(
+                tempfile.mkdtemp(prefix=f"{PUSH_PREFIX}{os.getpid()}-v{version}-", dir=shared_memory_dir())
+            )
         except OSError as error:
-            raise WeightSyncError(f"could not stage weight push v{version} in {shared_memory_dir()}: {error}") from error
+            raise WeightSyncError(
+                f"could not stage weight push v{version} in {shared_memory_dir()}: {error}"
+            ) from error
         self._entries: list[dict] = []
         self._files = 0
 
@@ -56,7 +60,9 @@ class SharedMemoryPush:
         mapped.copy_(buffer)
         offset = 0
         for meta in metas:
-            self._entries.append({"name": meta.name, "file": file_name, "offset": offset, "dtype": meta.dtype, "shape": list(meta.shape)})
+            self._entries.append(
+                {"name": meta.name, "file": file_name, "offset": offset, "dtype": meta.dtype, "shape": list(meta.shape)}
+            )
             offset += meta.num_bytes
         return mapped
 
@@ -88,8 +94,10 @@ def _new_mapped_file(path: Path, num_bytes: int) -> torch.Tensor:
         if num_bytes:
             os.posix_fallocate(fd, 0, num_bytes)
     except OSError as error:
-        raise WeightSyncError(f"{path.parent.parent} has no room for {num_bytes >> 20} MiB more of a weight push ({error}); "
-                              "enlarge it (e.g. docker --shm-size) or run the engine with fewer TP workers") from error
+        raise WeightSyncError(
+            f"{path.parent.parent} has no room for {num_bytes >> 20} MiB more of a weight push ({error}); "
+            "enlarge it (e.g. docker --shm-size) or run the engine with fewer TP workers"
+        ) from error
     finally:
         os.close(fd)
     if not num_bytes:
@@ -124,7 +132,9 @@ def read_push(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
         start = entry["offset"]
         data = mapped[file_name][start : start + meta.num_bytes]
         if data.numel() != meta.num_bytes:
-            raise WeightSyncError(f"{path / file_name} holds {mapped[file_name].numel()} bytes, too few for {meta.name} at offset {start}")
+            raise WeightSyncError(
+                f"{path / file_name} holds {mapped[file_name].numel()} bytes, too few for {meta.name} at offset {start}"
+            )
         yield meta.name, data.view(getattr(torch, meta.dtype)).reshape(meta.shape)
 
 
