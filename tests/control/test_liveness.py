@@ -158,3 +158,5 @@ def test_hang_restarts_are_capped_unless_the_run_got_further(tmp_path):
     assert [record_restart(tmp_path, 2) for _ in range(3)] == [True, True, False]  # a deterministic hang
     (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)  # progress since: the count starts again
     assert [record_restart(tmp_path, 2) for _ in range(3)] == [True, True, False]
+    (tmp_path / "checkpoints" / "step_00000008.tmp").mkdir()  # a hang during a save: no further
+    assert record_restart(tmp_path, 2) is False

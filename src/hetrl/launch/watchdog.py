@@ -32,7 +32,8 @@ def record_restart(run_dir: Path, max_restarts: int) -> bool:
     the run gets any further) is requeued at most ``max_restarts`` times.
     """
     counter = rundir.hang_dir(run_dir) / RESTARTS_FILE
-    checkpoints = sorted(p.name for p in rundir.checkpoint_root(run_dir).glob("step_*"))
+    # A step_N.tmp is a save in progress (or one that crashed): a hang during a save got no further.
+    checkpoints = sorted(p.name for p in rundir.checkpoint_root(run_dir).glob("step_*") if not p.name.endswith(".tmp"))
     latest = checkpoints[-1] if checkpoints else "none"
     count, since = counter.read_text().split() if counter.exists() else ("0", latest)
     hangs = int(count) + 1 if since == latest else 1
