@@ -5,8 +5,8 @@ reward.workers)`` over ``Rubric.from_config(cfg.reward)``, whose code reward run
 the sandbox pool the rubric builds from ``reward.sandbox`` (``reward.sandbox.workers`` slots).
 The baseline is the same rubric's ``score`` called one sample at a time in a loop, as the reward
 role did before. Both score the same samples with the same rubric, interleaved in rounds so
-machine load hits both alike; figures are medians over rounds, and every round checks that both
-gave each sample the same reward.
+machine load hits both alike; every round is printed, rates are medians over rounds, a ratio is the
+median of the rounds' ratios, and every round checks that both gave each sample the same reward.
 
 Workloads are one function each, returning a ``Figures``; the headline (last line) is the code
 tests' ratio.
@@ -60,8 +60,13 @@ class Figures:
         return [r for sid, r in (self.rewards or {}).items() if sid.endswith(f".{kind}")]
 
     @property
+    def ratios(self) -> list[float]:
+        """Concurrent over one-at-a-time, round by round (a round runs both back to back, under the same load)."""
+        return [c / s for c, s in zip(self.concurrent, self.serial)]
+
+    @property
     def ratio(self) -> float:
-        return statistics.median(self.concurrent) / statistics.median(self.serial)
+        return statistics.median(self.ratios)
 
     def lines(self) -> list[str]:
         c, s = statistics.median(self.concurrent), statistics.median(self.serial)
@@ -69,7 +74,8 @@ class Figures:
         out = [
             f"{self.name}: concurrent scorer {c:6.1f} {self.unit}  (rounds: {rounds(self.concurrent)})",
             f"{self.name}: one at a time     {s:6.1f} {self.unit}  (rounds: {rounds(self.serial)})",
-            f"{self.name}: concurrent/one-at-a-time {c / s:.2f}x",
+            f"{self.name}: concurrent/one-at-a-time {self.ratio:.2f}x, the median of the rounds' "
+            f"{', '.join(f'{r:.2f}x' for r in self.ratios)}",
         ]
         return out + ([f"{self.name}: {self.detail}"] if self.detail else [])
 
