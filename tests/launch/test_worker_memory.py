@@ -1,4 +1,5 @@
-"""A CPU rank keeps the memory it frees: a training step's activations do not page-fault in again."""
+"""A CPU trainer or engine rank keeps the memory it frees: a training step's activations do not
+page-fault in again. The other CPU ranks do not: they would stay at their peak size."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import subprocess
 import sys
 
 import pytest
+
+from hetrl.control.plan import RankAssignment
+from hetrl.launch.worker import _keeps_freed_memory
 
 # Eight "steps", each allocating blocks of 48, 12, 36, 4 and 24 MB (activations of mixed sizes, the
 # largest over glibc's mmap threshold) and freeing them together; prints each step's minor page faults.
@@ -36,3 +40,20 @@ def test_a_steps_freed_blocks_are_reused_without_page_faults() -> None:
     default, kept = _faults_by_step("default"), _faults_by_step("keep")
     assert min(default[-3:]) > (124 << 20) // 4096 // 10  # glibc unmapped the large blocks: they fault in again
     assert sum(kept[-3:]) < sum(default[-3:]) // 10  # the heap settles within a few steps, then is reused
+
+
+@pytest.mark.parametrize(
+    "role, gpus, keeps",
+    [
+        ("trainer", (), True),
+        ("rollout", (), True),
+        ("trainer", (0,), False),  # its large tensors live on the GPU
+        ("rollout", (0, 1), False),
+        ("orchestrator", (), False),
+        ("reward", (), False),
+        ("env", (), False),
+        ("reward_server", (), False),
+    ],
+)
+def test_only_cpu_trainer_and_engine_ranks_keep_freed_memory(role: str, gpus: tuple[int, ...], keeps: bool) -> None:
+    assert _keeps_freed_memory(RankAssignment(0, role, 0, role, 0, gpus)) is keeps

@@ -44,8 +44,16 @@ def _die_with_parent() -> None:
         pass  # not Linux: the launcher's process-group kill still applies
 
 
+def _keeps_freed_memory(assignment) -> bool:  # noqa: ANN001 - hetrl.control.plan.RankAssignment
+    """Whether this rank should keep the memory it frees (:func:`_keep_freed_memory`): a trainer or
+    engine rank without GPUs, whose steps allocate and free large tensors on CPU. The orchestrator,
+    reward, env and reward-server ranks gain nothing from it and would stay at their peak size (on a
+    cluster's CPU partition, for the whole run)."""
+    return assignment.role in ("trainer", "rollout") and not assignment.gpus
+
+
 def _keep_freed_memory() -> None:
-    """A rank that computes on CPU keeps the memory it frees for its next allocations (glibc's malloc).
+    """A trainer or engine rank on CPU keeps the memory it frees for its next allocations (glibc's malloc).
 
     glibc serves blocks over its mmap threshold (32 MB at most) with fresh pages and gives them back
     on free, so every CPU training step faults its activations in again: ~800,000 page faults and
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _bind_engine_gpus(ctx.assignment)
     _pin_threads()
-    if not ctx.assignment.gpus:
+    if _keeps_freed_memory(ctx.assignment):
         _keep_freed_memory()
     return _run(ctx, cfg, run_dir, faults)
 
