@@ -14,23 +14,12 @@ import pytest
 import torch
 
 from hetrl.config.algorithm import AlgorithmConfig
-from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
 from hetrl.models.hf import build_random_hf_checkpoint
+from tests.gpu.models import MODEL
 from tests.trainer.samples import make_samples
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-# head_dim 32, as the engines' kernels want; vocab a multiple of 8 for bf16 GEMMs.
-MODEL = ModelConfig(
-    arch="qwen3",
-    hidden_size=128,
-    num_layers=2,
-    num_attention_heads=4,
-    num_query_groups=2,
-    ffn_hidden_size=256,
-    vocab_size=128,
-)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,7 +9,7 @@ import torch
 
 from hetrl.loop import rollout_role
 from hetrl.loop.rollout_role import RolloutWorker
-from hetrl.loop.work import PushRefused, ServingWeights, SyncWeights
+from hetrl.loop.work import MemoryReleased, PushRefused, ReleaseMemory, ServingWeights, SyncWeights
 from hetrl.transport.weights import StagedWeights, shared_memory
 
 
@@ -19,10 +19,22 @@ class _Engine:
     def __init__(self, version: int) -> None:
         self.version = version
         self.loaded: list[int] = []
+        self.asleep: set[str] = set()
+        self.turns: list[str] = []  # sleeps, wakes and loads, in order
 
     def load_weights(self, staged: StagedWeights) -> None:
+        assert "weights" not in self.asleep
+        self.turns.append(f"load v{staged.version}")
         self.loaded.append(staged.version)
         self.version = staged.version
+
+    def release_memory(self) -> None:
+        self.turns.append("sleep")
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake(self, tag: str) -> None:
+        self.turns.append(f"wake {tag}")
+        self.asleep.discard(tag)
 
 
 class _Receiver:
@@ -88,3 +100,25 @@ def test_a_refused_push_is_reported_freed_and_stops_the_job_past_the_retries(mon
     with pytest.raises(RuntimeError, match="refused 2 weight pushes in a row"):
         worker._sync_weights(SyncWeights(3, attempt=1))
     assert not list(shm.iterdir())
+
+
+def test_a_colocated_engine_sleeps_when_told_and_wakes_its_weights_for_the_push_then_its_kv_cache(monkeypatch, shm):
+    engine = _Engine(2)
+    worker, sent = _worker(monkeypatch, engine, _Receiver(_staged_in_shared_memory(3)))
+    worker._handle(ReleaseMemory())
+    assert engine.turns == ["sleep"] and sent == [MemoryReleased()]
+    worker._handle(SyncWeights(3))
+    assert engine.turns == ["sleep", "wake weights", "load v3", "wake kv_cache"] and not engine.asleep
+    assert sent[1:] == [ServingWeights(3)]
+    worker._handle(SyncWeights(3, attempt=1))  # sent again for another engine's sake: awake, nothing to wake
+    assert engine.turns[4:] == [] and not list(shm.iterdir())
+
+
+def test_a_push_refused_while_asleep_still_wakes_the_kv_cache(monkeypatch, shm):
+    """The engine then serves its old weights, as an engine that never slept would."""
+    engine = _Engine(2)
+    worker, sent = _worker(monkeypatch, engine, _Receiver(_staged_in_shared_memory(3)), refuse=True)
+    worker._handle(ReleaseMemory())
+    worker._handle(SyncWeights(3))
+    assert engine.turns == ["sleep", "wake weights", "wake kv_cache"] and not engine.asleep
+    assert isinstance(sent[-1], PushRefused) and engine.version == 2

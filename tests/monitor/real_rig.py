@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, PROMPTS, GROUP = 3, 4, 4
+STEPS, PROMPTS, GROUP, WARM_STEPS = 3, 4, 4, 2
 WORKLOAD = [
     "recipe=tiny_grpo",
     f"run.steps={STEPS}",
-    "warm_start.steps=2",
+    f"warm_start.steps={WARM_STEPS}",
     f"run.prompts_per_step={PROMPTS}",
     f"algorithm.group_size={GROUP}",
     "eval.num_tasks=8",

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from real_rig import GROUP, PROMPTS, STEPS, launch, output, read_alerts, read_metrics, run_cli
+from real_rig import GROUP, PROMPTS, STEPS, WARM_STEPS, launch, output, read_alerts, read_metrics, run_cli
 
 from hetrl.monitor import names
 from hetrl.monitor.rollout_store import RolloutReader
@@ -153,6 +153,36 @@ def test_the_timeline_shows_every_phase_and_hop_of_a_step(tiny_run):
     ):
         latency, per_step = hops[hop]
         assert 0 <= latency < 5 and per_step >= 1, (hop, hops[hop])
+
+
+def test_the_colocated_engine_sleeps_through_every_train_step(tiny_run):
+    """tiny_grpo's engine shares the trainer's devices: before each train step (warm start included) it sleeps;
+    the step's push wakes its weights, and the KV cache wakes after the push, before it generates again. The
+    engine records its transitions on CPU too, where vLLM has no sleep mode: the log says so once."""
+    from hetrl.control.timeline import read_timeline
+
+    records = read_timeline(tiny_run)
+    engine = [r for r in records if r.who == "rollout_0"]
+    turns = [r for r in engine if r.name in ("sleep", "wake weights", "wake kv_cache")]
+    steps = [r for r in records if r.who == "trainer_0" and r.name == "make batch"]
+    assert len(steps) == WARM_STEPS + STEPS
+    assert [r.name for r in turns] == ["sleep", "wake weights", "wake kv_cache"] * len(steps)
+    ends = [r.t1 for r in records if r.who == "trainer_0" and r.name == "optimizer step"]
+    for index, step in enumerate(steps):
+        sleep, wake = turns[3 * index], turns[3 * index + 1]
+        step_end = min(t for t in ends if t > step.t0)  # this step's (one update per batch)
+        assert sleep.t1 <= step.t0 and step_end <= wake.t0, (index, sleep, step, wake)
+
+    def last_turn(t: float) -> str | None:
+        return next((r.name for r in reversed(turns) if r.t1 <= t), None)
+
+    for record in engine:
+        if record.name == "receive weights":
+            assert last_turn(record.t0) == "wake weights", record
+        elif record.name == "generate":
+            assert last_turn(record.t0) in (None, "wake kv_cache"), record
+    log = (tiny_run / "logs" / "rollout_0.log").read_text()
+    assert log.count("vLLM has no sleep mode on CPU") == 1
 
 
 def test_warn_guard_fires_and_the_run_goes_on(tiny_run):

