@@ -9,7 +9,8 @@ Examples::
     python -m hetrl.browse runs/tiny_vlm_grpo --worst 3 --images shots/   # + each sample's images as PNG files
 
 Works while the run is writing (the store is SWMR). Filters apply in this order: step, task, flag,
-length, then ``--worst/--best`` by total reward.
+length, finish reason, reward, then ``--worst/--best`` by total reward
+(:func:`hetrl.monitor.rollout_store.select_rows`, which ``python -m hetrl.view`` filters with too).
 """
 
 from __future__ import annotations
@@ -27,40 +28,11 @@ from rich.table import Table
 
 from hetrl.models.images import to_pil, to_png
 from hetrl.monitor.mismatch import mismatch_metrics, token_log_ratio
-from hetrl.monitor.rollout_store import RolloutReader, RolloutRecord, RolloutRow
+from hetrl.monitor.rollout_store import RolloutReader, RolloutRecord, RolloutRow, select_rows
 
 # |log pi_trainer - log pi_engine| above this is highlighted in the token view: a ratio beyond
 # ~exp(0.2) = 1.22 is where PPO-style clipping (0.2) starts to bite.
 _HIGHLIGHT_DIFF = 0.2
-
-
-def select_rows(
-    rows: Sequence[RolloutRow],
-    step: int | None = None,
-    task: str | None = None,
-    flag: str | None = None,
-    min_len: int | None = None,
-    max_len: int | None = None,
-    worst: int | None = None,
-    best: int | None = None,
-) -> list[RolloutRow]:
-    """Filter rollout rows; ``flag='any'`` keeps every flagged row; worst/best keep the K lowest/highest rewards."""
-    if worst is not None and best is not None:
-        raise ValueError("--worst and --best are exclusive")
-    out = [
-        r
-        for r in rows
-        if (step is None or r.step == step)
-        and (task is None or r.task_name == task)
-        and (flag is None or (bool(r.flags) if flag == "any" else flag in r.flags))
-        and (min_len is None or r.length >= min_len)
-        and (max_len is None or r.length <= max_len)
-    ]
-    if worst is not None:
-        out = sorted(out, key=lambda r: r.reward)[:worst]
-    if best is not None:
-        out = sorted(out, key=lambda r: -r.reward)[:best]
-    return out
 
 
 def _summary_table(rows: Sequence[RolloutRow]) -> Table:
@@ -164,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flag", help="only samples with this flag ('any': any flag)")
     p.add_argument("--min-len", type=int, help="minimum completion length (tokens)")
     p.add_argument("--max-len", type=int, help="maximum completion length (tokens)")
+    p.add_argument("--finish", help="only samples with this finish reason (stop, length, ...)")
+    p.add_argument("--min-reward", type=float, help="minimum total reward")
+    p.add_argument("--max-reward", type=float, help="maximum total reward")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--worst", type=int, metavar="K", help="the K lowest-reward samples")
     group.add_argument("--best", type=int, metavar="K", help="the K highest-reward samples")
@@ -189,7 +164,16 @@ def main(argv: Sequence[str], out: IO[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rows = select_rows(
-        reader.rows(), args.step, args.task, args.flag, args.min_len, args.max_len, args.worst, args.best
+        reader.rows(args.step),
+        task=args.task,
+        flag=args.flag,
+        min_len=args.min_len,
+        max_len=args.max_len,
+        finish=args.finish,
+        min_reward=args.min_reward,
+        max_reward=args.max_reward,
+        worst=args.worst,
+        best=args.best,
     )
     if args.json:
         for record in reader.load(rows):

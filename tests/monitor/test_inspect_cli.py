@@ -48,6 +48,12 @@ def test_length_and_task_filters(synthetic_run):
     assert all(10 <= len(g["completion_ids"]) <= 20 for g in got)
 
 
+def test_finish_and_reward_filters(synthetic_run):
+    got = _run_json(synthetic_run, "--finish", "length", "--min-reward", "0.2", "--max-reward", "0.9")
+    expected = [s for _, s in _all_expected() if s.finish_reason == "length" and 0.2 <= s.reward <= 0.9]
+    assert expected and [g["sample_id"] for g in got] == [s.sample_id for s in expected]
+
+
 def test_json_carries_token_level_mismatch(synthetic_run):
     (rec,) = _run_json(synthetic_run, "--step", "0", "--best", "1")
     samples, trainer = make_samples(0)

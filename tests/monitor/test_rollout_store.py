@@ -175,3 +175,16 @@ def test_images_round_trip_as_png(tmp_path):
     with h5py.File(path, "a") as f:  # what the v2 format wrote: no image fields
         del f["ragged/image_bytes"], f["ragged/image_lengths"]
     assert all(r.sample.images == [] for r in RolloutReader(tmp_path).records())
+
+
+def test_one_step_reads_as_the_whole_store_filtered(tmp_path):
+    for part in range(2):  # two files: a restarted run's parts
+        with RolloutStore(tmp_path, flush_every=5) as store:
+            for step in range(3 * part, 3 * part + 3):
+                store.append(step, *make_samples(step))
+    reader = RolloutReader(tmp_path)
+    assert reader.step_counts() == {step: 6 for step in range(6)}
+    for step in (0, 2, 4, 5):
+        assert reader.rows(step) == [r for r in reader.rows() if r.step == step]
+    assert reader.rows(99) == []
+    _assert_equal(reader.records(step=4), [4])

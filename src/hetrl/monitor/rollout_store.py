@@ -297,6 +297,42 @@ class RolloutRow:
     finish_reason: str
 
 
+def select_rows(
+    rows: Sequence[RolloutRow],
+    step: int | None = None,
+    task: str | None = None,
+    flag: str | None = None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+    finish: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    worst: int | None = None,
+    best: int | None = None,
+) -> list[RolloutRow]:
+    """Filter rollout rows (``hetrl.browse``'s and ``hetrl.view``'s filters); ``flag='any'`` keeps every
+    flagged row; worst/best keep the K lowest/highest rewards of what the other filters kept."""
+    if worst is not None and best is not None:
+        raise ValueError("--worst and --best are exclusive")
+    out = [
+        r
+        for r in rows
+        if (step is None or r.step == step)
+        and (task is None or r.task_name == task)
+        and (flag is None or (bool(r.flags) if flag == "any" else flag in r.flags))
+        and (min_len is None or r.length >= min_len)
+        and (max_len is None or r.length <= max_len)
+        and (finish is None or r.finish_reason == finish)
+        and (min_reward is None or r.reward >= min_reward)
+        and (max_reward is None or r.reward <= max_reward)
+    ]
+    if worst is not None:
+        out = sorted(out, key=lambda r: r.reward)[:worst]
+    if best is not None:
+        out = sorted(out, key=lambda r: -r.reward)[:best]
+    return out
+
+
 class _OpenFile:
     """One file opened for SWMR reading with its commit count fixed at open time."""
 
@@ -318,30 +354,36 @@ class _OpenFile:
                     yield from obj.values()
 
     # A file written before a field existed (v1 had no routing) reads as if every row left it empty.
+    # Every read takes a window of rows [lo, hi): a viewer of a run with a million samples reads
+    # only the rows it shows.
 
-    def column(self, name: str) -> np.ndarray:
+    def column(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        hi = self.num if hi is None else hi
         if f"samples/{name}" not in self.f:
-            return np.zeros(self.num, dtype=_COLUMNS[name])
-        return self.f[f"samples/{name}"][: self.num]
+            return np.zeros(hi - lo, dtype=_COLUMNS[name])
+        return self.f[f"samples/{name}"][lo:hi]
 
-    def ends(self, field_name: str) -> np.ndarray:
+    def bounds(self, field_name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Where rows lo..hi-1 of a ragged field start, and where the last one ends (hi - lo + 1 offsets)."""
+        hi = self.num if hi is None else hi
         if f"ragged/{field_name}" not in self.f:
-            return np.zeros(self.num, dtype=np.int64)
-        return self.f[f"ragged/{field_name}/end"][: self.num]
+            return np.zeros(hi - lo + 1, dtype=np.int64)
+        end = self.f[f"ragged/{field_name}/end"][max(lo - 1, 0) : hi]
+        return end if lo else np.concatenate([np.zeros(1, np.int64), end])
 
-    def ragged(self, field_name: str, index: int, ends: dict[str, np.ndarray]) -> np.ndarray:
+    def ragged(self, field_name: str, index: int, lo: int, bounds: dict[str, np.ndarray]) -> np.ndarray:
+        """Row ``index``'s values of a ragged field; ``bounds`` from :meth:`bounds` over a window starting at ``lo``."""
         owner = _TOKEN_FIELDS[field_name][1] if field_name in _TOKEN_FIELDS else field_name
-        end = ends[owner]
-        start = int(end[index - 1]) if index else 0
         if f"ragged/{field_name}" not in self.f:
             return np.zeros(0, dtype=_TOKEN_FIELDS[field_name][0] if field_name in _TOKEN_FIELDS else np.uint8)
-        return self.f[f"ragged/{field_name}/values"][start : int(end[index])]
+        b = bounds[owner]
+        return self.f[f"ragged/{field_name}/values"][int(b[index - lo]) : int(b[index - lo + 1])]
 
-    def strings(self, field_name: str) -> list[str]:
-        end = self.ends(field_name)
-        blob = self.f[f"ragged/{field_name}/values"][: int(end[-1]) if self.num else 0].tobytes()
-        starts = np.concatenate([[0], end[:-1]]) if self.num else end
-        return [blob[a:b].decode("utf-8") for a, b in zip(starts, end)]
+    def strings(self, field_name: str, lo: int = 0, hi: int | None = None) -> list[str]:
+        b = self.bounds(field_name, lo, hi)
+        blob = self.f[f"ragged/{field_name}/values"][int(b[0]) : int(b[-1])].tobytes()
+        b = b - b[0]
+        return [blob[x:y].decode("utf-8") for x, y in zip(b[:-1], b[1:])]
 
     def close(self) -> None:
         self.f.close()
@@ -361,29 +403,51 @@ class RolloutReader:
     def files(self) -> list[Path]:
         return sorted(self.directory.glob("*.h5"))
 
-    def rows(self) -> list[RolloutRow]:
-        """Every committed rollout's cheap columns, in file then append order."""
+    def step_counts(self) -> dict[int, int]:
+        """Committed rollouts per RL step, in step order: reads the step column alone."""
+        counts: dict[int, int] = {}
+        for path in self.files():
+            of = _OpenFile(path)
+            try:
+                steps, num = np.unique(of.column("step"), return_counts=True)
+            finally:
+                of.close()
+            for step, n in zip(steps.tolist(), num.tolist()):
+                counts[step] = counts.get(step, 0) + n
+        return dict(sorted(counts.items()))
+
+    def rows(self, step: int | None = None) -> list[RolloutRow]:
+        """Every committed rollout's cheap columns (of one step when given), in file then append order.
+
+        A step's rows are read as one window of each file (a step's samples are written together),
+        so one step of a long run costs what that step holds, not what the run holds."""
         out: list[RolloutRow] = []
         for path in self.files():
             of = _OpenFile(path)
             try:
-                steps, rewards = of.column("step"), of.column("reward")
-                lengths = np.diff(np.concatenate([[0], of.ends("completion_ids")]))
+                steps = of.column("step")
+                picked = np.arange(of.num) if step is None else np.flatnonzero(steps == step)
+                if not len(picked):
+                    continue
+                lo, hi = int(picked[0]), int(picked[-1]) + 1
+                rewards = of.column("reward", lo, hi)
+                lengths = np.diff(of.bounds("completion_ids", lo, hi))
                 ids, tasks, flags, finish = (
-                    of.strings(k) for k in ("sample_id", "task_name", "flags_json", "finish_reason")
+                    of.strings(k, lo, hi) for k in ("sample_id", "task_name", "flags_json", "finish_reason")
                 )
-                for i in range(of.num):
+                for i in picked.tolist():
+                    j = i - lo
                     out.append(
                         RolloutRow(
                             str(path),
                             i,
                             int(steps[i]),
-                            ids[i],
-                            tasks[i],
-                            float(rewards[i]),
-                            int(lengths[i]),
-                            json.loads(flags[i]),
-                            finish[i],
+                            ids[j],
+                            tasks[j],
+                            float(rewards[j]),
+                            int(lengths[j]),
+                            json.loads(flags[j]),
+                            finish[j],
                         )
                     )
             finally:
@@ -391,7 +455,7 @@ class RolloutReader:
         return out
 
     def load(self, rows: list[RolloutRow]) -> list[RolloutRecord]:
-        """Full records for the given rows (in the same order)."""
+        """Full records for the given rows (in the same order); reads each file's window of the rows asked for."""
         by_file: dict[str, list[int]] = {}
         for pos, row in enumerate(rows):
             by_file.setdefault(row.file, []).append(pos)
@@ -399,17 +463,19 @@ class RolloutReader:
         for file, positions in by_file.items():
             of = _OpenFile(Path(file))
             try:
-                ends = {k: of.ends(k) for k in _OFFSET_FIELDS}
-                cols = {k: of.column(k) for k in _COLUMNS}
-                for pos in positions:
-                    out[pos] = _read_record(of, rows[pos].index, ends, cols)
+                indices = [rows[pos].index for pos in positions]
+                lo, hi = min(indices), max(indices) + 1
+                bounds = {k: of.bounds(k, lo, hi) for k in _OFFSET_FIELDS}
+                cols = {k: of.column(k, lo, hi) for k in _COLUMNS}
+                for pos, index in zip(positions, indices):
+                    out[pos] = _read_record(of, index, lo, bounds, cols)
             finally:
                 of.close()
         return [r for r in out if r is not None]
 
     def records(self, step: int | None = None) -> list[RolloutRecord]:
         """All records (of one step when given)."""
-        return self.load([r for r in self.rows() if step is None or r.step == step])
+        return self.load(self.rows(step))
 
 
 def _routing(flat: np.ndarray, cols: dict[str, np.ndarray], i: int) -> np.ndarray | None:
@@ -423,9 +489,13 @@ def _images(blob: np.ndarray, lengths: np.ndarray) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[str, np.ndarray]) -> RolloutRecord:
-    text = {k: of.ragged(k, i, ends).tobytes().decode("utf-8") for k in _STRING_FIELDS}
-    tok = {k: of.ragged(k, i, ends) for k in _TOKEN_FIELDS}
+def _read_record(
+    of: _OpenFile, i: int, lo: int, bounds: dict[str, np.ndarray], cols: dict[str, np.ndarray]
+) -> RolloutRecord:
+    """Row ``i`` of a file whose window of rows starting at ``lo`` was read into ``bounds`` and ``cols``."""
+    text = {k: of.ragged(k, i, lo, bounds).tobytes().decode("utf-8") for k in _STRING_FIELDS}
+    tok = {k: of.ragged(k, i, lo, bounds) for k in _TOKEN_FIELDS}
+    j = i - lo
     sample = Sample(
         sample_id=text["sample_id"],
         group_id=text["group_id"],
@@ -440,13 +510,13 @@ def _read_record(of: _OpenFile, i: int, ends: dict[str, np.ndarray], cols: dict[
         completion_text=text["completion_text"],
         answer=json.loads(text["answer_json"]),
         rewards=json.loads(text["rewards_json"]),
-        reward=float(cols["reward"][i]),
+        reward=float(cols["reward"][j]),
         flags=json.loads(text["flags_json"]),
-        num_turns=int(cols["num_turns"][i]),
-        num_tool_calls=int(cols["num_tool_calls"][i]),
+        num_turns=int(cols["num_turns"][j]),
+        num_tool_calls=int(cols["num_tool_calls"][j]),
         info=json.loads(text["info_json"]),
-        routed_experts=_routing(tok["routed_experts"], cols, i),
+        routed_experts=_routing(tok["routed_experts"], cols, j),
         images=_images(tok["image_bytes"], tok["image_lengths"]),
     )
-    trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][i] else None
-    return RolloutRecord(int(cols["step"][i]), sample, trainer, str(of.path), i)
+    trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][j] else None
+    return RolloutRecord(int(cols["step"][j]), sample, trainer, str(of.path), i)
