@@ -241,6 +241,11 @@ ROOT = Path(__file__).resolve().parents[2]
             "request_timeout_s=120 must be shorter than monitor.hang_timeout_s=120",
         ),
         (
+            "tiny_grpo",
+            ["monitor.start_timeout_s=60"],
+            "monitor.start_timeout_s=60 must be at least monitor.hang_timeout_s=120",
+        ),
+        (
             "moe_grpo",
             ["reward.functions=[{name: judge}]", "reward.judge.model=policy", "reward.server.tensor_parallel=3"],
             r"reward.server.tensor_parallel=3 does not divide the 8 GPUs",

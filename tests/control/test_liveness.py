@@ -13,6 +13,7 @@ from hetrl.launch.watchdog import record_restart
 
 RANKS = {0: "trainer[0]", 1: "rollout[0]", 2: "orchestrator[0]"}
 TIMEOUT_S = 60.0
+START_TIMEOUT_S = 300.0
 
 
 def _write(
@@ -33,8 +34,8 @@ def _write(
 
 @pytest.fixture
 def watchdog(tmp_path) -> Watchdog:
-    dog = Watchdog(tmp_path, RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)
-    dog.started -= 1000  # the job started long ago: records of any age are this job's
+    dog = Watchdog(tmp_path, RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S, start_timeout_s=START_TIMEOUT_S)
+    dog.started = dog.starting_until = dog.started - 1000  # the job started long ago: records of any age are this job's
     return dog
 
 
@@ -92,12 +93,17 @@ def test_a_job_where_every_rank_idles_names_the_orchestrator(tmp_path, watchdog)
     assert stuck[0].activity == "waiting for the trainer's step 4"
 
 
-def test_a_rank_that_never_started_is_named_after_the_timeout(tmp_path):
-    dog = Watchdog(tmp_path / "fresh_run", RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S)  # no rank made RUN/hang/
+def test_a_rank_that_never_started_is_named_after_the_start_timeout(tmp_path):
+    # no rank made RUN/hang/
+    dog = Watchdog(
+        tmp_path / "fresh_run", RANKS, orchestrator_rank=2, timeout_s=TIMEOUT_S, start_timeout_s=START_TIMEOUT_S
+    )
     assert dog.check() == []  # just launched
     dog.started -= TIMEOUT_S + 1
+    assert dog.check() == []  # a slow start is no hang
+    dog.started -= START_TIMEOUT_S - TIMEOUT_S
     stuck = dog.check()
-    assert [s.rank for s in stuck] == [0, 1, 2] and "never started" in stuck[0].why
+    assert [s.rank for s in stuck] == [0, 1, 2] and "never started within monitor.start_timeout_s=300 s" in stuck[0].why
     liveness.handle_hang(dog, stuck)  # nobody to ask for stacks: still a report
     assert (tmp_path / "fresh_run" / "hang" / "report.txt").exists()
 
@@ -109,6 +115,73 @@ def test_a_job_that_does_not_end_after_its_orchestrator_finished_is_stuck_at_exi
     assert watchdog.check() == []  # within the exit grace
     _write(tmp_path, 2, "orchestrator", beat_age=61, progress_age=61, state="exited")
     assert [(s.rank, s.at_exit) for s in watchdog.check()] == [(0, True)]
+
+
+def _push_to_a_starting_engine(run_dir: Path, *, starting_for: float, pushing_for: float) -> None:
+    """The trainer pushes weights to an engine still starting (as after a resume); the orchestrator waits."""
+    _write(run_dir, 0, "trainer", beat_age=1, progress_age=pushing_for, state="busy", activity="pushing weights v4")
+    _write(
+        run_dir, 1, "rollout", beat_age=1, progress_age=starting_for, state="starting", activity="starting the engine"
+    )
+    _write(run_dir, 2, "orchestrator", beat_age=1, progress_age=pushing_for, state="idle", activity="waiting")
+
+
+def test_a_slow_start_is_no_hang_and_a_wait_on_it_none_either(tmp_path, watchdog):
+    """An engine starting for longer than the hang timeout, and the trainer's push waiting on it."""
+    _push_to_a_starting_engine(tmp_path, starting_for=200, pushing_for=200)
+    assert watchdog.check() == []
+    # The engine has started: the push's wait counts from there, not from its own start.
+    _write(tmp_path, 1, "rollout", beat_age=1, progress_age=2, state="busy", activity="receiving weights v4")
+    assert watchdog.check() == []
+    watchdog.starting_until -= TIMEOUT_S + 1  # a hang timeout later, the push is still stuck
+    assert [(s.rank, s.why) for s in watchdog.check()] == [(0, "no progress for 200 s")]
+
+
+def test_a_start_beyond_the_start_timeout_is_named_alone(tmp_path, watchdog):
+    """The engine stuck in its start is the cause; the trainer waiting on it is not named."""
+    _push_to_a_starting_engine(tmp_path, starting_for=301, pushing_for=400)
+    (stuck,) = watchdog.check()
+    assert stuck.rank == 1 and stuck.activity == "starting the engine"
+    assert stuck.why == "no progress for 301 s of its start (monitor.start_timeout_s=300 s)"
+    assert "monitor.start_timeout_s=300 s" in liveness.handle_hang(watchdog, [stuck])
+
+
+def test_a_starting_rank_that_stopped_answering_is_named_after_the_start_timeout(tmp_path, watchdog):
+    _write(tmp_path, 0, "trainer", beat_age=1, progress_age=1, state="idle")
+    _write(
+        tmp_path,
+        1,
+        "rollout",
+        beat_age=100,
+        progress_age=100,
+        state="starting",
+        activity="starting the generation engine",
+    )
+    _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=1, state="idle")
+    assert watchdog.check() == []
+    _write(
+        tmp_path,
+        1,
+        "rollout",
+        beat_age=301,
+        progress_age=301,
+        state="starting",
+        activity="starting the generation engine",
+    )
+    (stuck,) = watchdog.check()
+    assert stuck.rank == 1 and "stopped answering 301 s ago" in stuck.why
+
+
+def test_a_rank_is_starting_until_its_first_busy_or_idle(tmp_path):
+    beacon = liveness.start_beacon(tmp_path, 0, "rollout", 0, timeout_s=10)
+    try:
+        assert json.loads(beacon.path.read_text())["state"] == "starting"
+        liveness.starting("starting the generation engine")
+        assert beacon.record.state == "starting"
+        liveness.idle("waiting for episodes")
+        assert beacon.record.state == "idle"
+    finally:
+        liveness.stop_beacon()
 
 
 def test_waiting_on_is_not_progress(tmp_path):
@@ -128,7 +201,9 @@ def test_waiting_on_is_not_progress(tmp_path):
 
 def test_records_of_a_previous_job_in_the_run_dir_are_ignored(tmp_path):
     _write(tmp_path, 0, "trainer", beat_age=5, progress_age=5, state="busy")  # written before this job started
-    dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=TIMEOUT_S)
+    dog = Watchdog(
+        tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=TIMEOUT_S, start_timeout_s=START_TIMEOUT_S
+    )
     assert dog._beats() == {}
 
 
@@ -140,8 +215,8 @@ def test_stacks_and_report_of_a_hang(tmp_path):
         record = liveness._beacon.record
         liveness._beacon.record = dataclasses.replace(record, progress=record.progress - 11)  # busy for 11 s
         beacon._write()  # as its next beat does
-        dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10)
-        dog.started -= 100
+        dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10, start_timeout_s=10)
+        dog.started = dog.starting_until = dog.started - 100
         stuck = dog.check()
         assert [s.rank for s in stuck] == [0]
         message = liveness.handle_hang(dog, stuck)

@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hetrl.control.liveness import HANG_EXIT_CODE
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.mpi
 
@@ -84,6 +86,26 @@ def test_signal_stops_every_child(tmp_path, sig):
     assert proc.returncode == 128 + sig
     time.sleep(0.5)
     assert workers_of(run_dir) == []
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_in_its_start_is_named_after_the_start_timeout(tmp_path):
+    """A rollout rank that never gets to its first beat (injected: it sleeps before its beacon starts).
+    The hang timeout passes without a verdict; the start timeout ends the job naming it."""
+    start = time.monotonic()
+    proc = launch(
+        tmp_path,
+        "monitor.hang_timeout_s=10",
+        "monitor.start_timeout_s=40",
+        env_extra={"HETRL_INJECT_FAULT": "rollout:0:hang"},
+    )
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == HANG_EXIT_CODE, out
+    assert time.monotonic() - start > 40  # not ended at the hang timeout
+    report = (tmp_path / "tiny_grpo" / "hang" / "report.txt").read_text()
+    assert "rollout[0] (world rank 1): never started within monitor.start_timeout_s=40 s" in report, report
+    assert report.strip() in out
+    assert workers_of(tmp_path / "tiny_grpo") == []
 
 
 def test_bad_override_exits_with_message_before_launching(tmp_path):

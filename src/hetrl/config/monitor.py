@@ -166,9 +166,28 @@ class MonitorConfig(Section):
         "phase "
         "(engine start, one optimizer step, a checkpoint save, a weight push).",
     )
+    start_timeout_s: float = Field(
+        3600.0,
+        ge=10.0,
+        description="Liveness watchdog, while a rank starts (builds its model, starts its engine, writes the initial "
+        "checkpoint): a start-up phase that makes no progress for this long, or a rank that does not start answering "
+        "within it, ends the job like a hang (docs/hangs.md). Until every rank has started, no rank's wait counts "
+        "against monitor.hang_timeout_s. At least monitor.hang_timeout_s.",
+    )
     hang_restarts: int = Field(
         2,
         ge=0,
         description="Under Slurm: requeues after hangs in a row (with no newer checkpoint between them), at most; a "
         "hang that keeps coming back is deterministic and is not requeued again.",
     )
+
+    @model_validator(mode="after")
+    def _check_start_timeout(self) -> MonitorConfig:
+        """A start is bounded more loosely than the work after it, never more tightly: a phase the hang
+        timeout allows would otherwise end the job only because it came first."""
+        if self.start_timeout_s < self.hang_timeout_s:
+            raise ValueError(
+                f"monitor.start_timeout_s={self.start_timeout_s:g} must be at least monitor.hang_timeout_s="
+                f"{self.hang_timeout_s:g}: raise monitor.start_timeout_s"
+            )
+        return self

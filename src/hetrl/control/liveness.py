@@ -3,10 +3,18 @@
 No hang is silent. Each rank runs a :class:`Beacon`, a daemon thread that every ``beat_s`` seconds
 rewrites ``RUN/hang/beats/rank_<world rank>.json`` with what its main loop last reported:
 
+* :func:`starting` ("starting the generation engine"): the rank is in its start-up (a beacon
+  begins so); like busy, but bounded by the start timeout, which is larger: a start that is slow
+  (an engine's, a model's build, on a loaded machine) is not a hang;
 * :func:`busy` ("RL step 8 (v8 -> v9)"): the rank holds work and must make progress;
 * :func:`tick`: it did (a decoding step, a scored sample, a received result);
 * :func:`idle` ("waiting for work"): nothing to do; no progress is expected of it (going idle,
   or waiting for something else, counts as progress; waiting on does not).
+
+A rank has started at its first busy or idle after its start-up. Until every rank has started, no
+busy rank is judged on its progress either: it may be waiting on one still starting (a weight push
+to an engine that is not up yet), and the start of the job does not count against the hang timeout.
+A rank stuck in its start is named like any other, once the start timeout has passed.
 
 The thread does not depend on the main loop, so its record tells two failures apart: a rank whose
 beat is older than the timeout stopped answering (frozen, SIGSTOPped, stuck in a C call that holds
@@ -45,7 +53,7 @@ from hetrl.control import rundir
 logger = logging.getLogger(__name__)
 #: Exit code of a job the watchdog ended (the requeue code is 3, see hetrl.control.rundir).
 HANG_EXIT_CODE = 4
-BUSY, IDLE, EXITED = "busy", "idle", "exited"
+STARTING, BUSY, IDLE, EXITED = "starting", "busy", "idle", "exited"
 EXIT_GRACE_S = 60.0  # how long a job may take to end once its orchestrator has finished
 
 
@@ -66,7 +74,7 @@ class Beat:
     pid: int
     beat: float  # when the beacon thread last wrote
     progress: float  # the main loop's last busy/idle/tick
-    state: str  # BUSY, IDLE or EXITED
+    state: str  # STARTING, BUSY, IDLE or EXITED
     activity: str
 
     @property
@@ -83,7 +91,7 @@ class Beacon:
         self.path = self.dir / "beats" / f"rank_{rank}.json"
         self.beat_s = beat_s
         self.record = Beat(
-            rank, role, role_rank, socket.gethostname(), os.getpid(), time.time(), time.time(), BUSY, "starting"
+            rank, role, role_rank, socket.gethostname(), os.getpid(), time.time(), time.time(), STARTING, "starting"
         )
         self._dumped = ""  # the id of the last dump request answered
         self._stop = threading.Event()
@@ -152,6 +160,12 @@ def stop_beacon() -> None:
         _beacon = None
 
 
+def starting(activity: str) -> None:
+    """This rank is in a phase of its start-up (``activity`` says which); it must tick within the
+    start timeout. Its first :func:`busy` or :func:`idle` after says it has started."""
+    _report(STARTING, activity)
+
+
 def busy(activity: str) -> None:
     """This rank holds work (``activity`` says what); it must tick within the hang timeout."""
     _report(BUSY, activity)
@@ -191,14 +205,19 @@ class Stuck:
 
 
 class Watchdog:
-    """Judges the beats of a job's ranks against ``timeout_s``; see the module docstring."""
+    """Judges the beats of a job's ranks against ``timeout_s``, and those of ranks still starting
+    against ``start_timeout_s``; see the module docstring."""
 
-    def __init__(self, run_dir: Path, ranks: dict[int, str], orchestrator_rank: int, timeout_s: float) -> None:
+    def __init__(
+        self, run_dir: Path, ranks: dict[int, str], orchestrator_rank: int, timeout_s: float, start_timeout_s: float
+    ) -> None:
         """``ranks`` maps every world rank to its label (``role[n]``), for ranks that never beat."""
         self.dir = rundir.hang_dir(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)  # no rank may have got far enough to make it
-        self.ranks, self.orchestrator_rank, self.timeout_s = ranks, orchestrator_rank, timeout_s
+        self.ranks, self.orchestrator_rank = ranks, orchestrator_rank
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.started = time.time()
+        self.starting_until = self.started  # the last check that found a rank still starting
         self.poll_s = beat_period_s(timeout_s)
         self._last: dict[int, Beat] = {}
         (self.dir / "dump-request").unlink(missing_ok=True)
@@ -233,27 +252,33 @@ class Watchdog:
                 )
                 for b in left
             ]
+        if len(beats) < len(self.ranks) or any(b.state == STARTING for b in beats.values()):
+            self.starting_until = now
         silent, stalled = [], []
         for rank, label in self.ranks.items():
             beat = beats.get(rank)
             if beat is None:
-                if now - self.started > self.timeout_s:
+                if now - self.started > self.start_timeout_s:
                     silent.append(
                         Stuck(
                             rank,
                             f"{label} (world rank {rank})",
-                            f"never started within {self.timeout_s:.0f} s",
+                            f"never started within monitor.start_timeout_s={self.start_timeout_s:g} s",
                             "starting",
                         )
                     )
                 continue
             if beat.state == EXITED:
                 continue
-            stalled_too = beat.state == BUSY and now - beat.progress > self.timeout_s
+            if beat.state == STARTING:
+                bound, since = self.start_timeout_s, beat.progress
+            else:  # a busy rank's wait on one still starting is no hang of its own
+                bound, since = self.timeout_s, max(beat.progress, self.starting_until)
+            stalled_too = beat.state in (STARTING, BUSY) and now - since > bound
             # A record is a snapshot: a rank frozen a beat after its last tick shows a progress older than
             # its beat, so it looks stalled before it looks silent. Once the job is stuck, a beacon that
             # missed two beats is the better explanation: it stopped answering.
-            if now - beat.beat > self.timeout_s or (stalled_too and now - beat.beat > 2 * self.poll_s):
+            if now - beat.beat > bound or (stalled_too and now - beat.beat > 2 * self.poll_s):
                 silent.append(
                     Stuck(
                         rank,
@@ -263,7 +288,10 @@ class Watchdog:
                     )
                 )
             elif stalled_too:
-                stalled.append(Stuck(rank, beat.label, f"no progress for {now - beat.progress:.0f} s", beat.activity))
+                why = f"no progress for {now - beat.progress:.0f} s"
+                if beat.state == STARTING:
+                    why += f" of its start (monitor.start_timeout_s={self.start_timeout_s:g} s)"
+                stalled.append(Stuck(rank, beat.label, why, beat.activity))
         if silent or stalled:
             return silent + sorted(stalled, key=lambda s: beats[s.rank].progress)
         live = [b for b in beats.values() if b.state != EXITED]
@@ -302,7 +330,10 @@ class Watchdog:
 
     def report(self, stuck: list[Stuck], stacks: list[Path]) -> str:
         """Write ``RUN/hang/report.txt`` (and ``report.json``); the message to print."""
-        lines = [f"[hetrl] HANG: no progress within monitor.hang_timeout_s={self.timeout_s:g} s; stuck:"]
+        lines = [
+            f"[hetrl] HANG: no progress within monitor.hang_timeout_s={self.timeout_s:g} s "
+            f"(monitor.start_timeout_s={self.start_timeout_s:g} s for a rank's start); stuck:"
+        ]
         lines += [f"  - {s}" for s in stuck]
         lines.append(f"  Python stacks of the {len(stacks)} rank(s) still answering: {self.dir / 'stacks'}/")
         text = "\n".join(lines)
@@ -311,6 +342,7 @@ class Watchdog:
             json.dumps(
                 {
                     "timeout_s": self.timeout_s,
+                    "start_timeout_s": self.start_timeout_s,
                     "time": time.time(),
                     "stuck": [asdict(s) for s in stuck],
                     "stacks": [str(p) for p in stacks],
@@ -321,10 +353,10 @@ class Watchdog:
         return text
 
 
-def watchdog_for(run_dir: Path, plan: Any, timeout_s: float) -> Watchdog:
+def watchdog_for(run_dir: Path, plan: Any, timeout_s: float, start_timeout_s: float) -> Watchdog:
     """The watchdog of the job ``plan`` (a hetrl.control.plan.Plan) running in ``run_dir``."""
     ranks = {a.world_rank: f"{a.role}[{a.role_rank}]" for a in plan.assignments}
-    return Watchdog(run_dir, ranks, plan.ranks_of("orchestrator")[0], timeout_s)
+    return Watchdog(run_dir, ranks, plan.ranks_of("orchestrator")[0], timeout_s, start_timeout_s)
 
 
 def run_had_finished(run_dir: Path, stuck: list[Stuck]) -> bool:

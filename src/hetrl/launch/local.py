@@ -118,7 +118,7 @@ def run_local(cfg: HetrlConfig, plan: Plan, run_dir: Path, grace_s: float | None
     marker = Path(run_dir) / rundir.REQUEUE_MARKER
     marker.unlink(missing_ok=True)  # a previous process's; this one writes its own
     grace = float(cfg.cluster.signal_grace_s if grace_s is None else grace_s)
-    watchdog = liveness.watchdog_for(run_dir, plan, cfg.monitor.hang_timeout_s)
+    watchdog = liveness.watchdog_for(run_dir, plan, cfg.monitor.hang_timeout_s, cfg.monitor.start_timeout_s)
     terminal = shutil.get_terminal_size() if sys.stdout.isatty() else None
     proc = subprocess.Popen(mpiexec_command(cfg, plan, run_dir, check=check, terminal=terminal), start_new_session=True)
     received: list[int] = []

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = validate_tree(yaml.safe_load((args.run_dir / rundir.CONFIG).read_text()))
     plan = Plan.from_json((args.run_dir / rundir.PLAN).read_text())
-    watchdog = liveness.watchdog_for(args.run_dir, plan, cfg.monitor.hang_timeout_s)
+    watchdog = liveness.watchdog_for(args.run_dir, plan, cfg.monitor.hang_timeout_s, cfg.monitor.start_timeout_s)
     (rundir.hang_dir(args.run_dir) / rundir.REQUEUE_AFTER_HANG).unlink(missing_ok=True)
     while _alive(args.step_pid):
         time.sleep(watchdog.poll_s)

@@ -95,12 +95,12 @@ def load_served_models(cfg: HetrlConfig, policy_dir: Path) -> dict[str, Any]:
     models: dict[str, Any] = {}
     reward = cfg.reward
     if JUDGE in reward.served_models:
-        liveness.busy("starting the judge engine")
+        liveness.starting("starting the judge engine")
         models[JUDGE] = JudgeEngine(
             resolve_model_path(reward.judge.model, policy_dir), reward.judge, reward.server, cfg.run.seed
         )
     if REWARD_MODEL in reward.served_models:
-        liveness.busy("loading the reward model")
+        liveness.starting("loading the reward model")
         path = reward.reward_model.path
         models[REWARD_MODEL] = RewardModelScorer(
             resolve_model_path(path, policy_dir), reward.reward_model, cfg.run.seed, fresh_head=path == POLICY_MODEL

@@ -101,13 +101,14 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
 
 def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:
     """This rank's role, start to end. Each start-up phase reports itself to the liveness beacon,
-    so the hang timeout bounds each phase, not the whole start."""
+    so the start timeout (``monitor.start_timeout_s``) bounds each phase, not the whole start; the
+    role's first busy or idle report after them says the rank has started."""
     if ctx.rank == ctx.plan.ranks_of("trainer")[0]:
-        liveness.busy("writing or finding the initial checkpoint")
+        liveness.starting("writing or finding the initial checkpoint")
     else:
         liveness.idle("job setup: waiting for trainer rank 0's initial checkpoint")
     setup = job_setup(ctx, cfg, run_dir)
-    liveness.busy(f"starting the {ctx.role} role")
+    liveness.starting(f"starting the {ctx.role} role")
     if ctx.role == "orchestrator":
         from hetrl.loop.driver import run_orchestrator
 

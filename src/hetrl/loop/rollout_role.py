@@ -76,7 +76,7 @@ class RolloutWorker:
         self.ctx, self.cfg, self.receiver, self.crash, self.refuse_push = ctx, cfg, receiver, crash, refuse_push
         self.refused_in_a_row = 0
         self.model_dir = model_dir
-        liveness.busy("starting the generation engine")
+        liveness.starting("starting the generation engine")
         self.engine = self._new_engine()
         liveness.tick()
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
