@@ -10,8 +10,9 @@ where generation dominates.
 
 Kept equal (bench/trl_grpo_step.py maps the resolved recipe to TRL and says what is not mirrored):
 - the initial policy: hetrl's own warm start (tiny_grpo's 32 supervised steps, as tests/conftest.py
-  makes it), exported once as an HF checkpoint with tokenizer and chat template; both RL runs start
-  from it (`model.hf_checkpoint=CKPT warm_start.steps=0`);
+  makes it, on demonstrations from the training side of the seed's held-out split: the eval draw
+  depends on run.seed, so each seed has its own), exported as an HF checkpoint with tokenizer and
+  chat template; both RL runs of the seed start from it (`model.hf_checkpoint=CKPT warm_start.steps=0`);
 - the prompts: hetrl's training stream (the training side of its held-out split, in stream order),
   dumped here with hetrl's prompt token ids, which the TRL side checks against its tokenisation;
 - the reward: hetrl's rubric and trainer-side DAPO overlong penalty, called as code in TRL's process;
@@ -19,15 +20,16 @@ Kept equal (bench/trl_grpo_step.py maps the resolved recipe to TRL and says what
 TRL lives in a venv of its own, .bench/trl-venv (git-ignored), created on first use and reused.
 
 Reported: the median step time of each at steady state (each run's second half of steps: the first
-half is warm-up, see after_warm_up; then the median over --seeds), every step's time, hetrl's
-generate/train split and TRL's generation time beside them, and the held-out
-mean reward (`launch.py eval`, mean@8 over tiny_grpo's 64 held-out tasks) of the initial policy
-and of both final policies, with the paired difference (hetrl - TRL, seed by seed) and its standard
-error: "on par" within two (given from 4 seeds on). With --large, the same timing (no eval) on a ~44M-parameter model
+half is warm-up, see after_warm_up), every step's time, hetrl's generate/train split and TRL's
+generation time beside them, each seed's ratio, and the held-out mean reward (`launch.py eval`,
+mean@16 over tiny_grpo's 30 held-out tasks: sums carved out of the training side both runs train
+on, hetrl.env.tasks.split) of the initial policy and of both final policies, with the paired
+difference (hetrl - TRL, seed by seed) and its standard error: "on par" within two (given from 4
+seeds on). With --large, the same timing (no eval) on a ~44M-parameter model
 (random init, all else equal; --large-seeds runs), where generation weighs more, in bf16 on both sides where the CPU
 multiplies bf16 natively (--large-precision: hetrl's trainer.precision=bf16 with its engine in bf16, TRL's bf16=True,
-i.e. autocast; both keep fp32 master weights), else in fp32. Headline (last line): TRL median step / hetrl median step
-(goal >= 1.0x).
+i.e. autocast; both keep fp32 master weights), else in fp32. Headline (last line): TRL step / hetrl step, the median
+over seeds of each seed's ratio, every one printed, never the best (goal >= 1.0x).
 """
 
 from __future__ import annotations
@@ -61,14 +63,14 @@ INSTALL_TIMEOUT_S = 1800  # each pip install of the TRL venv (torch's wheel is l
 run = partial(_launch.run, timeout_s=RUN_TIMEOUT_S)
 launch = partial(_launch.launch, timeout_s=RUN_TIMEOUT_S)
 # tests/conftest.py's WARM_START: tiny_grpo's warm start, then the smallest RL step there is at a
-# learning rate that leaves the warm-started weights as they are (run.steps cannot be 0).
+# learning rate that leaves the warm-started weights as they are (run.steps cannot be 0). The recipe's
+# eval.num_tasks stays: the demonstrations come from the training side of that held-out split.
 WARM_START = [
     "run.name=warm_start",
     "run.steps=1",
     "run.prompts_per_step=1",
     "algorithm.group_size=2",
     "trainer.lr=1e-12",
-    "eval.num_tasks=1",
     "eval.k=1",
     "monitor.rollout_store.enabled=false",
 ]
@@ -116,9 +118,9 @@ def trl_python() -> Path:
 # --------------------------------------------------------------------------- the two sides
 
 
-def initial_checkpoint(out: Path) -> Path:
-    """tiny_grpo's warm-started policy as an HF dir (tokenizer and chat template included)."""
-    launch("recipe=tiny_grpo", f"run.output_dir={out}", *WARM_START, what="hetrl's warm start")
+def initial_checkpoint(out: Path, seed: int) -> Path:
+    """tiny_grpo's warm-started policy of run.seed ``seed`` as an HF dir (tokenizer and chat template included)."""
+    launch("recipe=tiny_grpo", f"run.output_dir={out}", *WARM_START, f"run.seed={seed}", what="hetrl's warm start")
     checkpoint = out / "initial_hf"
     launch("export", str(out / "warm_start"), f"out={checkpoint}", what="the export of the warm-started policy")
     return checkpoint
@@ -136,6 +138,9 @@ def dump_training_prompts(overrides: list[str], checkpoint: Path, path: Path) ->
 
     cfg = load_config("tiny_grpo", overrides)
     split = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks)
+    if split.report.reward_kind != "held-out":
+        raise SystemExit(f"vs_trl: the eval tasks are not held out of training: {split.report.summary()}")
+    print(f"vs_trl: held-out split of seed {cfg.run.seed}: {split.report.summary()}", flush=True)
     stream = TaskStream(split.training, seed=cfg.run.seed)
     codec, env = ChatCodec(AutoTokenizer.from_pretrained(checkpoint)), build_env(cfg.env)
     with path.open("w") as f:
@@ -219,6 +224,7 @@ def time_both(python: Path, checkpoint: Path | None, overrides: list[str], out: 
     trl_model, trl = run_trl(python, checkpoint or run_dir / "initial_model", overrides, out / f"trl_s{seed}")
     return {
         "seed": seed,
+        "checkpoint": checkpoint,
         "overrides": overrides,
         "run_dir": run_dir,
         "trl_model": trl_model,
@@ -228,16 +234,21 @@ def time_both(python: Path, checkpoint: Path | None, overrides: list[str], out: 
 
 
 def report_timing(label: str, results: list[dict]) -> float:
-    """Print both sides' medians over seeds and each run's training reward by step; return TRL / hetrl step time."""
-    step = {}
+    """Print both sides' medians over seeds, each seed's ratio and each run's training reward by step; return the
+    median over seeds of TRL / hetrl step time (each seed's pair ran back to back, under the same load)."""
     for name in ("hetrl", "TRL"):
         median = {key: statistics.median(r[name][key] for r in results) for key in ("step", "generate", "length")}
-        step[name] = median["step"]
         loads = " ".join(f"{r[name]['load']:.1f}" for r in results)
         print(
             f"{label} {name:>5}: {median['step']:.2f} s/step (generate {median['generate']:.2f} s, the rest "
             f"{median['step'] - median['generate']:.2f} s; {median['length']:.1f} tokens a response; "
             f"load {loads} after its runs)"
+        )
+    ratios = [r["TRL"]["step"] / r["hetrl"]["step"] for r in results]
+    for r, ratio in zip(results, ratios, strict=True):
+        print(
+            f"{label} seed {r['seed']}: hetrl {r['hetrl']['step']:.2f} s/step, TRL {r['TRL']['step']:.2f} s/step: "
+            f"{ratio:.2f}x"
         )
     for r in results:
         for name in ("hetrl", "TRL"):
@@ -249,23 +260,29 @@ def report_timing(label: str, results: list[dict]) -> float:
                 f"{label} training reward by step, seed {r['seed']}, {name:>5}: "
                 f"{' '.join(f'{x:.2f}' for x in r[name]['rewards'])}"
             )
-    return step["TRL"] / step["hetrl"]
+    return statistics.median(ratios)
 
 
-def report_eval(results: list[dict], checkpoint: Path, out: Path) -> None:
+def report_eval(results: list[dict], out: Path) -> None:
     """Held-out mean reward of the initial policy and of both final ones: each seed's, the medians, and
     the paired difference (hetrl - TRL, same seed) with its standard error: on par when within 2 SE."""
+    from hetrl.config.loader import load_config
+
     scores: dict[str, list[float]] = {"initial": [], "hetrl": [], "TRL": []}
     for r in results:
-        for name, path in (("initial", checkpoint), ("hetrl", r["run_dir"] / "checkpoints"), ("TRL", r["trl_model"])):
+        for name, path in (
+            ("initial", r["checkpoint"]),
+            ("hetrl", r["run_dir"] / "checkpoints"),
+            ("TRL", r["trl_model"]),
+        ):
             scores[name].append(held_out_reward(path, r["overrides"], out / f"eval_{name}_s{r['seed']}.json"))
     before = statistics.median(scores["initial"])
+    measure = load_config("tiny_grpo", results[0]["overrides"]).eval
     for name in ("hetrl", "TRL"):
-        per_seed = " ".join(f"{x:.3f}" for x in scores[name])
         print(
-            f"held-out mean reward (launch.py eval, 64 tasks, mean@8) {name:>5}: before {before:.3f}, after "
-            f"{statistics.median(scores[name]):.3f} "
-            f"(by seed: {per_seed})"
+            f"held-out mean reward (launch.py eval, {measure.num_tasks} tasks, mean@{measure.k}) {name:>5}: before "
+            f"{before:.3f}, after {statistics.median(scores[name]):.3f} (by seed: before "
+            f"{' '.join(f'{x:.3f}' for x in scores['initial'])}, after {' '.join(f'{x:.3f}' for x in scores[name])})"
         )
     differences = [h - t for h, t in zip(scores["hetrl"], scores["TRL"], strict=True)]
     if len(differences) >= MIN_SEEDS_FOR_VERDICT:
@@ -286,13 +303,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15, help="RL steps per run on tiny_grpo (timed: the second half)")
     parser.add_argument(
-        "--seeds", type=int, default=1, help="runs of each side (run.seed 0, 1, ...); medians over them"
+        "--seeds", type=int, default=3, help="runs of each side (run.seed 0, 1, ...); medians over them"
     )
     parser.add_argument("--large", action="store_true", help="also time the ~44M-parameter model (no eval)")
     parser.add_argument(
         "--large-steps", type=int, default=8, help="RL steps per run on the ~44M model (timed: the second half)"
     )
-    parser.add_argument("--large-seeds", type=int, default=2, help="runs of each side on the ~44M model (timing only)")
+    parser.add_argument("--large-seeds", type=int, default=3, help="runs of each side on the ~44M model (timing only)")
     parser.add_argument(
         "--large-precision",
         choices=("auto", "bf16", "fp32"),
@@ -308,12 +325,14 @@ def main() -> None:
     )
     python = trl_python()
 
-    checkpoint = initial_checkpoint(out)
     small = [
-        time_both(python, checkpoint, [f"run.steps={args.steps}"], out / "tiny", seed) for seed in range(args.seeds)
+        time_both(
+            python, initial_checkpoint(out / f"warm_s{seed}", seed), [f"run.steps={args.steps}"], out / "tiny", seed
+        )
+        for seed in range(args.seeds)
     ]
     ratio = report_timing("tiny_grpo", small)
-    report_eval(small, checkpoint, out)
+    report_eval(small, out)
     if args.large:
         precision = args.large_precision
         if precision == "auto":

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetrl.config.loader import ConfigError
+from hetrl.config.loader import ConfigError, available_recipes
 from hetrl.control.plan import PlanError
+from hetrl.env.registry import build_held_out_split
 from hetrl.launch.cli import compose_and_plan
+from hetrl.loop.driver import reward_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,6 +194,13 @@ ROOT = Path(__file__).resolve().parents[2]
             r"unknown task source 'reasoninggym' \(did you mean 'reasoning_gym'\?\)",
         ),
         ("tiny_tool_grpo", ["env.tasks.source=file"], r"env.tasks: path is required when source is 'file'"),
+        # the held-out split (hetrl.env.tasks.split): 64 of 1-digit sums' 121 distinct questions cannot be carved out
+        (
+            "tiny_grpo",
+            ["eval.num_tasks=64"],
+            r"eval: 64 of the 64 eval tasks \(eval.num_tasks\) also appear in training, and 64 of its 121 distinct .*"
+            r"at most 30.*eval.num_tasks <= 30.*set eval.allow_training_overlap=true to report a training-set reward",
+        ),
         (
             "tiny_grpo",
             ["env.tasks.source=human_eval"],
@@ -256,6 +265,28 @@ def test_refused_on_the_login_node(recipe, overrides, message, tmp_path):
     with pytest.raises((ConfigError, PlanError)) as err:
         compose_and_plan(recipe, [o.replace("{tmp}", str(tmp_path)) for o in overrides])
     assert re.search(message, str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("recipe", available_recipes())
+def test_every_shipped_recipe_holds_its_eval_tasks_out_of_training(recipe):
+    cfg, _ = compose_and_plan(recipe, [])  # refused when they overlap (check_held_out)
+    assert not cfg.eval.allow_training_overlap
+
+
+def test_a_recipe_that_accepts_training_overlap_reports_a_training_set_reward():
+    cfg, _ = compose_and_plan("tiny_grpo", ["eval.num_tasks=64", "eval.allow_training_overlap=true"])
+    report = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks).report
+    assert report.reward_kind == "training-set" and report.as_dict()["reward_kind"] == "training-set"
+    assert report.summary().endswith(
+        "64 of 64 eval tasks (100%) also appear in training: the eval reward is a training-set reward"
+    )
+    summary = {"eval_before": 0.0, "eval_after_warm_start": 0.25, "eval_after": 0.375}
+    assert reward_line(cfg, summary, report.reward_kind) == (
+        "[hetrl] training-set mean reward (64 tasks, mean@16, temperature 1): before 0.000, after warm start 0.250, "
+        "after 25 RL steps 0.375"
+    )
+    held_out = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=30).report.reward_kind
+    assert reward_line(cfg, summary, held_out).startswith("[hetrl] held-out mean reward")
 
 
 def test_an_hf_checkpoint_directory_is_accepted_as_critic_init(tmp_path):

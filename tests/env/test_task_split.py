@@ -1,5 +1,6 @@
 """The held-out split (hetrl.env.tasks.split): eval prompts carved out of training by content, or
-their overlap reported when the task space is too small; deterministic, and resumable over the view."""
+their overlap reported (a training-set reward) when the task space is too small; deterministic, and
+resumable over the view."""
 
 import json
 from collections import Counter
@@ -60,10 +61,10 @@ def test_held_out_prompts_never_reach_training(tmp_path):
 def test_too_small_a_task_space_is_kept_whole_and_its_overlap_reported(tmp_path):
     split = split_files(write_jsonl(tmp_path / "train.jsonl", 200, 20))  # 8 of 20 distinct prompts: over a quarter
     assert split.report.too_small and len(split.training) == 200 and split.report.num_removed == 0
-    assert split.report.overlap_fraction == 1.0
+    assert split.report.overlap_fraction == 1.0 and split.report.reward_kind == "training-set"
     assert split.report.summary() == (
-        "the task space is too small to split (20 distinct tasks in 200, 8 of them held "
-        "out); 8 of 8 held-out tasks (100%) also appear in training"
+        "the task space is too small to split (20 distinct tasks in 200, 8 of them in the eval draw, at most 5 can "
+        "be carved out); 8 of 8 eval tasks (100%) also appear in training: the eval reward is a training-set reward"
     )
 
 
@@ -122,9 +123,13 @@ def test_stream_over_the_training_view_resumes_and_names_positions(tmp_path):
     assert (again.task_id, seed) == (first[7][0].task_id, first[7][1])
 
 
-def test_launch_eval_draws_the_runs_held_out_tasks_and_tiny_grpo_reports_its_overlap():
+def test_launch_eval_draws_the_runs_held_out_tasks_and_tiny_grpo_holds_them_out():
     cfg = load_config("tiny_grpo")
     split = build_held_out_split(cfg.env, seed=cfg.run.seed, num_eval_tasks=cfg.eval.num_tasks)
     assert [(t.task_id, s) for t, s in eval_tasks(cfg)] == [(t.task_id, s) for t, s in split.held_out]
-    # 1-digit sums: ~120 distinct questions, so every held-out one is a training question too.
-    assert split.report.too_small and split.report.overlap_fraction == 1.0 and len(split.training) == cfg.env.tasks.size
+    # 1-digit sums: 121 distinct questions, of which the recipe holds out as many as can be carved out.
+    report = split.report
+    assert (report.num_distinct, report.num_held_out, report.max_carvable) == (121, 30, 30)
+    assert report.reward_kind == "held-out" and report.num_removed > 0 and len(split.training) < cfg.env.tasks.size
+    held = set(keys([t for t, _ in split.held_out], split.training.source))
+    assert not held & set(keys(training_tasks(split), split.training.source))

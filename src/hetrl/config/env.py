@@ -87,7 +87,8 @@ class EnvConfig(Section):
         description="Held-out task source for evaluation; null = the tasks config, generated and drawn under seed "
         "run.seed + 1000003. Either way, training tasks with the content of a held-out task are removed from "
         "training, unless they are over a quarter of its distinct tasks (the task space is too small to split): then "
-        "training keeps them and the run prints the overlap and records it in summary.json (held_out_split).",
+        "the launcher refuses the recipe, unless eval.allow_training_overlap=true, under which training keeps them and "
+        "the run reports a training-set reward (summary.json: held_out_split).",
     )
     system_prompt: str | None = Field(
         None, description="System message prepended to every episode; null = the environment's own."

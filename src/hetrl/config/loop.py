@@ -118,6 +118,13 @@ class EvalConfig(Section):
         description="env multimodal: after the final eval, score the policy again on the same tasks with every image "
         "moved to another task (does it look at the image?).",
     )
+    allow_training_overlap: bool = Field(
+        False,
+        description="Accept eval tasks that training also sees. The held-out split (env.eval_tasks) carves the eval "
+        "draw out of training by content; when it cannot (the draw is over a quarter of the training source's distinct "
+        "tasks), launch.py and --dry-run refuse the recipe, unless this is true: then training keeps them and the run "
+        "reports its eval as a training-set reward, not a held-out one.",
+    )
 
 
 class CheckpointConfig(Section):

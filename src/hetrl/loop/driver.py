@@ -1,7 +1,8 @@
 """The orchestrator's main: evaluate, warm-start, run the schedule, evaluate again, report.
 
 It prints the held-out split (which eval tasks training was kept from, hetrl.env.tasks.split) at
-the start and the held-out reward before and after training at the end, and writes both into
+the start and the held-out reward before and after training at the end (a "training-set" reward
+when the recipe accepts eval tasks that training sees: eval.allow_training_overlap), and writes both into
 ``summary.json`` in the run directory, so "did it learn" is one line to read. Checkpoints are taken every
 ``checkpoint.every``
 RL steps, at the end, and at the first step boundary after a pre-emption signal; a resumed run
@@ -94,7 +95,8 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     orch.attach_monitor(monitor)
     held_out = orch.split.held_out
     summary["held_out_split"] = orch.split.report.as_dict()
-    print(f"[hetrl] held-out split: {orch.split.report.summary()}", flush=True)
+    kind = orch.split.report.reward_kind  # "held-out", or "training-set" when training sees eval tasks
+    print(f"[hetrl] {'held-out' if kind == 'held-out' else 'eval'} split: {orch.split.report.summary()}", flush=True)
     # Demonstrations come from the training side of the split too: a warm start must not see eval prompts.
     demo_stream = TaskStream(orch.split.training, seed=cfg.run.seed + cfg.warm_start.seed_offset)
     if state.demo_stream is not None:
@@ -131,13 +133,7 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         summary["refused_weight_pushes"] = orch.refused_pushes_total
         summary["samples"] = orch.ledger_report()  # every training sample id accounted for
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        measure = "greedy" if cfg.eval.temperature == 0 else f"mean@{cfg.eval.k}, temperature {cfg.eval.temperature:g}"
-        print(
-            f"[hetrl] held-out mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
-            + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
-            + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}",
-            flush=True,
-        )
+        print(reward_line(cfg, summary, kind), flush=True)
         if cfg.eval.image_ablation:
             print(
                 f"[hetrl] image ablation: the final policy on the same tasks with each image moved to another task: "
@@ -147,6 +143,17 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
     finally:
         monitor.close()
         orch.shutdown()
+
+
+def reward_line(cfg: HetrlConfig, summary: dict[str, Any], kind: str) -> str:
+    """The run's last word: the eval reward before and after training, named for what it measures (``kind``,
+    hetrl.env.tasks.split.SplitReport.reward_kind): a training-set reward never passes for a held-out one."""
+    measure = "greedy" if cfg.eval.temperature == 0 else f"mean@{cfg.eval.k}, temperature {cfg.eval.temperature:g}"
+    return (
+        f"[hetrl] {kind} mean reward ({cfg.eval.num_tasks} tasks, {measure}): before {summary['eval_before']:.3f}"
+        + (f", after warm start {summary['eval_after_warm_start']:.3f}" if cfg.warm_start.steps else "")
+        + f", after {cfg.run.steps} RL steps {summary['eval_after']:.3f}"
+    )
 
 
 def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_out: list[tuple[Any, int]]) -> None:

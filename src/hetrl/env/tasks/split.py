@@ -15,9 +15,11 @@ an indexable source, so ``TaskStream`` walks it, resumes it from ``state_dict`` 
 ``at(cursor)`` exactly as over any other source (the view is a pure function of the config).
 
 When the held-out contents are more than ``MAX_CARVE_FRACTION`` of the training source's distinct
-tasks, carving would change what training learns (tiny_grpo's 1-digit sums: ~120 distinct
-questions); training then keeps the whole source and :class:`SplitReport` says how much of the
-held-out draw it also sees.
+tasks, carving would change what training learns (64 of 1-digit sums' 121 distinct questions);
+training then keeps the whole source and :class:`SplitReport` says how much of the draw it also
+sees. The launcher refuses such a recipe on the login node unless it sets
+``eval.allow_training_overlap`` (hetrl.launch.cli.check_held_out), and the run then calls its eval
+a training-set reward (:attr:`SplitReport.reward_kind`), never a held-out one.
 
 Cost, once per run in the orchestrator: the split builds every training task once and hashes its
 content, O(N) time and memory for one 16-byte digest per distinct task and one index per kept task
@@ -101,13 +103,24 @@ class SplitReport:
         """The share of held-out tasks that training still sees: 0.0 after a carve."""
         return self.num_overlap / self.num_held_out if self.too_small else 0.0
 
+    @property
+    def reward_kind(self) -> str:
+        """What a reward on the draw measures: "held-out", or "training-set" when training sees some of the draw."""
+        return "training-set" if self.overlap_fraction else "held-out"
+
+    @property
+    def max_carvable(self) -> int:
+        """The most distinct contents the draw may share with training and still be carved out."""
+        return int(MAX_CARVE_FRACTION * self.num_distinct)
+
     def summary(self) -> str:
         """One line for the run's console."""
         if self.too_small:
             return (
                 f"the task space is too small to split ({self.num_distinct:,} distinct tasks in "
-                f"{self.num_training:,}, {self.num_shared} of them held out); {self.num_overlap} of "
-                f"{self.num_held_out} held-out tasks ({self.overlap_fraction:.0%}) also appear in training"
+                f"{self.num_training:,}, {self.num_shared} of them in the eval draw, at most {self.max_carvable} can "
+                f"be carved out); {self.num_overlap} of {self.num_held_out} eval tasks ({self.overlap_fraction:.0%}) "
+                "also appear in training: the eval reward is a training-set reward"
             )
         if not self.num_overlap:
             return (
@@ -121,7 +134,7 @@ class SplitReport:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "overlap_fraction": self.overlap_fraction}
+        return {**asdict(self), "overlap_fraction": self.overlap_fraction, "reward_kind": self.reward_kind}
 
 
 @dataclass
@@ -131,12 +144,7 @@ class HeldOutSplit:
     report: SplitReport
 
 
-def split_held_out(
-    training: TaskSource,
-    held_out: list[tuple[Task, int]],
-    eval_source: TaskSource,
-    max_carve_fraction: float = MAX_CARVE_FRACTION,
-) -> HeldOutSplit:
+def split_held_out(training: TaskSource, held_out: list[tuple[Task, int]], eval_source: TaskSource) -> HeldOutSplit:
     """Carve the contents of ``held_out`` (drawn from ``eval_source``) out of ``training``, or report their
     overlap when the task space is too small to split."""
     held_keys = [content_key(task, eval_source) for task, _ in held_out]
@@ -149,7 +157,7 @@ def split_held_out(
         if key not in held:
             kept.append(index)
     shared = held & distinct
-    too_small = len(shared) > max_carve_fraction * len(distinct)
+    too_small = len(shared) > MAX_CARVE_FRACTION * len(distinct)
     carve = bool(shared) and not too_small
     report = SplitReport(
         num_training=len(training),
