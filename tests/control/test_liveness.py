@@ -207,15 +207,20 @@ def test_records_of_a_previous_job_in_the_run_dir_are_ignored(tmp_path):
     assert dog._beats() == {}
 
 
-def test_stacks_and_report_of_a_hang(tmp_path):
-    """A live beacon answers the dump request with this process's stacks; the report names the rank."""
+@pytest.mark.parametrize(
+    "report, activity",
+    [(liveness.busy, "pushing weights v8 to the engines"), (liveness.starting, "starting the generation engine")],
+)
+def test_stacks_and_report_of_a_hang(tmp_path, report, activity):
+    """A live beacon answers the dump request with this process's stacks; the report names the rank,
+    whether it hung at work (10 s bound) or in its start (20 s bound)."""
     beacon = liveness.start_beacon(tmp_path, 0, "trainer", 0, timeout_s=10)  # beats every second
     try:
-        liveness.busy("pushing weights v8 to the engines")
+        report(activity)
         record = liveness._beacon.record
-        liveness._beacon.record = dataclasses.replace(record, progress=record.progress - 11)  # busy for 11 s
+        liveness._beacon.record = dataclasses.replace(record, progress=record.progress - 21)  # no progress for 21 s
         beacon._write()  # as its next beat does
-        dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10, start_timeout_s=10)
+        dog = Watchdog(tmp_path, {0: "trainer[0]"}, orchestrator_rank=0, timeout_s=10, start_timeout_s=20)
         dog.started = dog.starting_until = dog.started - 100
         stuck = dog.check()
         assert [s.rank for s in stuck] == [0]
@@ -223,7 +228,7 @@ def test_stacks_and_report_of_a_hang(tmp_path):
     finally:
         liveness.stop_beacon()
     stacks = (tmp_path / "hang" / "stacks" / "trainer_0.txt").read_text()
-    assert "pushing weights v8" in stacks and "test_stacks_and_report_of_a_hang" in stacks
+    assert activity in stacks and "test_stacks_and_report_of_a_hang" in stacks
     assert "trainer[0]" in message and (tmp_path / "hang" / "report.txt").read_text().strip() == message
     assert json.loads(beacon.path.read_text())["state"] == "exited"
 
