@@ -18,6 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hetrl.config.reward import SandboxConfig
+from hetrl.sandbox.pool import SandboxPool
+
 if TYPE_CHECKING:  # the sandbox is imported lazily: building an env config must not probe bwrap
     from hetrl.config.reward import SandboxConfig
     from hetrl.sandbox.pool import SandboxPool
@@ -53,9 +56,6 @@ class SandboxRunner:
         if (pool is not None) + (config is not None) + bool(pool_options) > 1:
             raise ValueError("pass one of a SandboxPool, a SandboxConfig or options to build one")
         if pool is None:
-            from hetrl.config.reward import SandboxConfig
-            from hetrl.sandbox.pool import SandboxPool
-
             pool = SandboxPool(config if config is not None else SandboxConfig(**pool_options))
         self.pool = pool
 

@@ -15,7 +15,7 @@ from typing import Any
 from hetrl.config.env import EnvConfig, TaskSourceConfig
 from hetrl.config.reward import SandboxConfig
 from hetrl.env.base import Environment, Task
-from hetrl.env.execution import CodeRunner
+from hetrl.env.execution import CodeRunner, SandboxRunner
 from hetrl.env.tasks.base import TaskSource, TaskStream
 from hetrl.env.tasks.split import HeldOutSplit, draw_held_out, split_held_out
 
@@ -56,8 +56,6 @@ def shared_runner(sandbox: SandboxConfig) -> CodeRunner:
     (the recipe's ``reward.sandbox``); asking for it with other settings later is an error, not ignored."""
     global _shared
     if _shared is None:
-        from hetrl.env.execution import SandboxRunner
-
         _shared = (sandbox, SandboxRunner(config=sandbox))
     elif _shared[0] != sandbox:
         raise RuntimeError(

@@ -27,6 +27,7 @@ from typing import Any
 
 from hetrl.config.env import EnvConfig
 from hetrl.env.base import Environment, Message, StepResult, Task
+from hetrl.env.registry import env_factory
 
 
 class EnvServerLost(RuntimeError):
@@ -81,7 +82,6 @@ class EpisodeHost:
 
 
 async def _serve(conn: Any, cfg: EnvConfig) -> None:
-    from hetrl.env.registry import env_factory
 
     host = EpisodeHost(env_factory(cfg))
     loop = asyncio.get_running_loop()

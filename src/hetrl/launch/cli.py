@@ -17,6 +17,10 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
 from hetrl.control.plan import Plan, PlanError, make_plan
 from hetrl.env.registry import build_held_out_split
+from hetrl.launch.display import plan_tables
+from hetrl.launch.local import mpiexec_command, run_local
+from hetrl.launch.sbatch import write_sbatch
+from hetrl.loop.export import CheckpointError, export_run
 
 USAGE = """\
 usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
@@ -107,17 +111,13 @@ def prepare_run_dir(cfg: HetrlConfig, plan: Plan) -> Path:
 
 
 def dry_run(cfg: HetrlConfig, plan: Plan, run_dir: Path, console: Console) -> int:
-    from hetrl.launch.display import plan_tables
 
     for table in plan_tables(cfg, plan):
         console.print(table)
     if cfg.cluster.launcher == "local":
-        from hetrl.launch.local import mpiexec_command
-
         console.file.flush()
         print("local launch command:\n  " + " ".join(mpiexec_command(cfg, plan, run_dir)))
         return 0
-    from hetrl.launch.sbatch import write_sbatch
 
     script = write_sbatch(plan, cfg.cluster, run_dir, job_name=cfg.run.name)
     console.file.flush()
@@ -128,10 +128,8 @@ def dry_run(cfg: HetrlConfig, plan: Plan, run_dir: Path, console: Console) -> in
 
 def launch(cfg: HetrlConfig, plan: Plan, run_dir: Path, check: bool = False) -> int:
     if cfg.cluster.launcher == "local":
-        from hetrl.launch.local import run_local
-
         return run_local(cfg, plan, run_dir, check=check)
-    from hetrl.launch import slurm
+    from hetrl.launch import slurm  # lazy: submitit (~0.5 s), only for what talks to Slurm
 
     try:
         job_id = slurm.submit(plan, cfg.cluster, run_dir, job_name=cfg.run.name)
@@ -165,6 +163,7 @@ def eval_command(args: list[str], console: Console) -> int:
         return 2
     recipe = next((w.split("=", 1)[1] for w in words if w.startswith("recipe=")), "tiny_grpo")
     overrides = [w for w in words if not w.startswith(("recipe=", "checkpoint="))]
+    # lazy: the env, reward and monitor stacks (~1.8 s), which only `eval` needs
     from hetrl.loop.evaluate import CheckpointError, evaluate_checkpoint
 
     try:
@@ -188,7 +187,6 @@ def export_command(args: list[str], console: Console) -> int:
             markup=False,
         )
         return 2
-    from hetrl.loop.export import CheckpointError, export_run
 
     try:
         out = export_run(runs[0], values["out"], None if step is None else int(step))
@@ -201,7 +199,7 @@ def export_command(args: list[str], console: Console) -> int:
 
 def run_command(command: str, args: list[str], console: Console) -> int:
     """``status|logs|cancel RUN_DIR`` for a run submitted to Slurm."""
-    from hetrl.launch import slurm
+    from hetrl.launch import slurm  # lazy: submitit (~0.5 s), only for what talks to Slurm
 
     if len(args) != 1:
         console.print(f"usage: python launch.py {command} RUN_DIR")

@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent()
 
+    # here, not at the top: the local launcher imports this module (TERMINAL_ENV) and must not load
+    # the control plane; a rank loads it once the death signal is armed
     from hetrl.config.loader import validate_tree
     from hetrl.control import liveness, rundir, timeline
     from hetrl.control.comm import flush_sends, init_control_plane
@@ -204,6 +206,7 @@ def _run(ctx, cfg, run_dir: Path, faults) -> int:
     The orchestrator exits last (it waits for every rank's bye), so a launcher that kills the job
     on the first non-zero exit (``srun --kill-on-bad-exit``) cannot cut another rank's shutdown short.
     """
+    # at call time, as in main(); the roles (and through them torch) load only in a rank
     from hetrl.control import liveness, rundir, timeline
     from hetrl.control.comm import flush_sends
     from hetrl.loop import preempt

@@ -21,10 +21,17 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import timeline
 from hetrl.control.comm import RoleContext
+from hetrl.env.chat import ChatCodec
+from hetrl.env.envs.multimodal import swap_scenes
+from hetrl.env.registry import build_env, build_held_out
+from hetrl.env.runner import images_of
+from hetrl.env.tasks.base import TaskStream
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.loop.work import id_order
 from hetrl.monitor import names
+from hetrl.monitor.core import Monitor
+from hetrl.monitor.metrics import staleness_metrics
 from hetrl.records import Sample
 
 logger = logging.getLogger(__name__)
@@ -32,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 def eval_tasks(cfg: HetrlConfig) -> list[tuple[Any, int]]:
     """The run's fixed held-out draw (hetrl.env.tasks.split), without building the training side."""
-    from hetrl.env.registry import build_held_out
 
     return build_held_out(cfg.env, seed=cfg.run.seed, num_tasks=cfg.eval.num_tasks)
 
@@ -41,8 +47,6 @@ def demonstrations(
     cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int
 ) -> list[list[Sample]]:
     """Warm-start demonstrations: the environment's own prompt (images included), the reference answer as completion."""
-    from hetrl.env.registry import build_env
-    from hetrl.env.runner import images_of
 
     env = build_env(cfg.env, sandbox=cfg.reward.sandbox)
     groups = []
@@ -75,10 +79,6 @@ def demonstrations(
 def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path) -> None:
     """The whole run; raises :class:`hetrl.loop.preempt.Preempted` when it stopped early on a signal."""
     from transformers import AutoTokenizer
-
-    from hetrl.env.chat import ChatCodec
-    from hetrl.env.tasks.base import TaskStream
-    from hetrl.monitor.core import Monitor
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     codec = ChatCodec(tokenizer)
@@ -123,8 +123,6 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         resume.save(ctx, orch, state)  # before the final eval: a pre-emption there loses no training
         summary["eval_after"] = orch.evaluate(held_out)[0]
         if cfg.eval.image_ablation:
-            from hetrl.env.envs.multimodal import swap_scenes
-
             summary["eval_after_images_swapped"] = orch.evaluate(
                 list(zip(swap_scenes([t for t, _ in held_out]), [s for _, s in held_out]))
             )[0]
@@ -158,7 +156,6 @@ def reward_line(cfg: HetrlConfig, summary: dict[str, Any], kind: str) -> str:
 
 def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_out: list[tuple[Any, int]]) -> None:
     """One RL step of the recipe's schedule: collect a batch (topping up generation), train, log."""
-    from hetrl.monitor.metrics import staleness_metrics
 
     max_lag = orch.staleness_bound()  # fixed, or where the adaptive bound stands after the previous step
     target = orch.dispatch_target(max_lag)

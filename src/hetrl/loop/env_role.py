@@ -45,6 +45,7 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.env.base import Environment
+from hetrl.env.registry import env_factory
 from hetrl.env.remote import EnvServerLost, EpisodeHost, RemoteEnv, remote_failure
 from hetrl.loop.faults import Countdown, Fault
 
@@ -190,7 +191,6 @@ class EnvServer:
 
 def run_env(ctx: RoleContext, cfg: HetrlConfig) -> None:
     """The env rank's main: serve until every rollout rank has left."""
-    from hetrl.env.registry import env_factory
 
     crash = Countdown(env_faults(os.environ.get(ENV_FAULT_VAR)), "env", ctx.assignment.role_rank, "env_crash")
     asyncio.run(EnvServer(ctx, env_factory(cfg.env, sandbox=cfg.reward.sandbox), crash).run())

@@ -29,11 +29,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hetrl.config.loader import validate_tree
 from hetrl.config.model import ModelConfig
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
+from hetrl.env.chat import ChatCodec
+from hetrl.env.registry import env_factory
+from hetrl.env.runner import run_episode
+from hetrl.loop.driver import eval_tasks
 from hetrl.loop.export import CheckpointError, CheckpointKind, export_trainer_checkpoint, resolve_checkpoint, run_dir_of
+from hetrl.loop.orchestrator import sampling_for
+from hetrl.models.hf import HF_ARCHITECTURES, hf_config, hf_config_dict
+from hetrl.monitor.eval import eval_metrics
 from hetrl.records import GenerationRequest, GenerationResult, Sample, SamplingParams
+from hetrl.reward.rubric import Rubric
 
 EVAL_FILE = "eval.json"
 # config.json keys that fix the tensor shapes: a mismatch means the recipe describes another model.
@@ -96,14 +105,12 @@ def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
 
 def _recipe_config(model: ModelConfig) -> dict[str, Any]:
     """The HF config a recipe's ``model:`` describes, as a dict (a vision-language one nested as HF saves it)."""
-    from hetrl.models.hf import hf_config, hf_config_dict
 
     return hf_config(model).to_dict() if model.is_vlm else hf_config_dict(model)
 
 
 def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> None:
     """Raise if the HF config dict ``found`` (from ``where``) describes other shapes than ``model``."""
-    from hetrl.models.hf import HF_ARCHITECTURES
 
     expected, actual = _shape_of(_recipe_config(model)), _shape_of(found)
     wrong = [
@@ -128,9 +135,6 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
     """Compare the recipe's model with the run's saved config.yaml, when the checkpoint sits in a run."""
     import yaml
 
-    from hetrl.config.loader import validate_tree
-    from hetrl.models.hf import HF_ARCHITECTURES
-
     run_config = run_dir_of(step_dir) / rundir.CONFIG
     if run_config.exists():
         run_model = validate_tree(yaml.safe_load(run_config.read_text())).model
@@ -143,7 +147,6 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
 
 def eval_sampling(cfg: HetrlConfig, eos_token_id: int) -> SamplingParams:
     """The loop's eval sampling, from the one definition the orchestrator uses too."""
-    from hetrl.loop.orchestrator import sampling_for
 
     return sampling_for(cfg, "eval", eos_token_id)
 
@@ -152,8 +155,6 @@ async def _run_episodes(
     engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams
 ) -> list[Sample]:
     """Every held-out episode at once on one engine; ids and seeds as the orchestrator makes them."""
-    from hetrl.env.registry import env_factory
-    from hetrl.env.runner import run_episode
 
     make_env = env_factory(cfg.env, sandbox=cfg.reward.sandbox)
     waiting: dict[str, asyncio.Future] = {}
@@ -203,10 +204,9 @@ async def _run_episodes(
 
 def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) -> list[Sample]:
     """Generate and score the held-out episodes with the weights of ``hf_dir``; samples in id order."""
+    # lazy: transformers and the engine (torch, vLLM) load only where episodes are generated
     from transformers import AutoTokenizer
 
-    from hetrl.env.chat import ChatCodec
-    from hetrl.reward.rubric import Rubric
     from hetrl.rollout.engine import GenerationEngine
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
@@ -230,8 +230,6 @@ def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) ->
 def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Path | None = None) -> EvalReport:
     """Evaluate ``checkpoint`` on the recipe's held-out tasks; write the report to ``out`` (default: into the checkpoint
     dir)."""
-    from hetrl.loop.driver import eval_tasks
-    from hetrl.monitor.eval import eval_metrics
 
     kind, path = resolve_checkpoint(checkpoint)
     if kind == "hf":

@@ -18,8 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
+from hetrl.config.loader import validate_tree
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
+from hetrl.control.rendezvous import free_port
+from hetrl.models.tokenizer import save_char_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ class CheckpointError(ValueError):
 
 def resolve_checkpoint(path: str | Path) -> tuple[CheckpointKind, Path]:
     """The checkpoint's format and the directory to read (a trainer root resolves to its latest step)."""
-    from hetrl.trainer.checkpoint import LATEST, latest_checkpoint
+    from hetrl.trainer.checkpoint import LATEST, latest_checkpoint  # lazy: torch; `eval` of an HF dir needs none
 
     path = Path(path)
     if not path.exists():
@@ -79,11 +82,10 @@ def tokenizer_source(cfg: HetrlConfig, step_dir: Path) -> Path | None:
 
 def export_trainer_checkpoint(cfg: HetrlConfig, step_dir: Path, out_dir: Path) -> Path:
     """Load a trainer checkpoint in this process (world of 1) and write it as an HF checkpoint to ``out_dir``."""
+    # lazy: torch and megatron, only for a trainer checkpoint's export
     import torch
     import torch.distributed as dist
 
-    from hetrl.control.rendezvous import free_port
-    from hetrl.models.tokenizer import save_char_tokenizer
     from hetrl.trainer.checkpoint import load_checkpoint
     from hetrl.trainer.exporter import save_hf_checkpoint
     from hetrl.trainer.parallel import destroy_parallel
@@ -143,8 +145,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     """
     import yaml
 
-    from hetrl.config.loader import validate_tree
-    from hetrl.trainer.checkpoint import step_dir_name
+    from hetrl.trainer.checkpoint import step_dir_name  # lazy: torch, after the command line is checked
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     config = run_dir / rundir.CONFIG

@@ -64,7 +64,7 @@ def save(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> str:
 
 def resume(ctx: RoleContext, cfg: CheckpointConfig, orch: Orchestrator, run_dir: Path) -> LoopState:
     """Restore the latest checkpoint of the run directory if there is one (and resume is on)."""
-    from hetrl.trainer.checkpoint import latest_checkpoint
+    from hetrl.trainer.checkpoint import latest_checkpoint  # lazy: torch, which the orchestrator never loads
 
     path = latest_checkpoint(rundir.checkpoint_root(run_dir)) if cfg.resume == "auto" else None
     if path is None:

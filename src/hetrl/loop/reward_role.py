@@ -26,9 +26,12 @@ from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
+from hetrl.loop.reward_server_role import RewardServerClient
 from hetrl.loop.work import RewardDone, RewardWork, Shutdown
 from hetrl.records import Sample
 from hetrl.reward.base import ScoringUnavailable
+from hetrl.reward.rubric import Rubric
+from hetrl.reward.worker import ConcurrentScorer
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,6 @@ class RewardRank:
     """One reward worker: takes the orchestrator's work, scores it concurrently, streams the results back."""
 
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
-        from hetrl.loop.reward_server_role import RewardServerClient
 
         self.ctx, self.cfg, self.crash = ctx, cfg, crash
         self.rigged = _RiggedFaults(ctx.assignment.role_rank)
@@ -69,8 +71,6 @@ class RewardRank:
         self.stop = False
 
     def _new_scorer(self) -> Any:
-        from hetrl.reward.rubric import Rubric
-        from hetrl.reward.worker import ConcurrentScorer
 
         resources = {"reward_server": self.client, "judge_config": self.cfg.reward.judge} if self.client else {}
         rubric = Rubric.from_config(self.cfg.reward, resources)

@@ -42,6 +42,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
+from hetrl.control.rendezvous import free_port
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Span
@@ -57,6 +58,13 @@ from hetrl.loop.work import (
     TrainWork,
 )
 from hetrl.monitor import names
+from hetrl.monitor.mfu import MfuMeter
+from hetrl.trainer.checkpoint import load_checkpoint, save_checkpoint, start_checkpoint_writer
+from hetrl.trainer.critic import ValueTrainer
+from hetrl.trainer.exporter import iter_hf_weight_buckets
+from hetrl.trainer.hf_convert import load_hf_checkpoint
+from hetrl.trainer.policy import PolicyTrainer
+from hetrl.trainer.rl_step import train_on_batch
 from hetrl.transport.weights import WeightStreamBroken
 
 logger = logging.getLogger(__name__)
@@ -82,8 +90,6 @@ def init_trainer_world(ctx: RoleContext) -> None:
     import torch
     import torch.distributed as dist
 
-    from hetrl.control.rendezvous import free_port
-
     address = (socket.gethostname(), free_port()) if ctx.role_comm.Get_rank() == 0 else None
     host, port = ctx.role_comm.bcast(address, root=0)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -100,13 +106,6 @@ def _next_message(ctx: RoleContext) -> Any:
 
 def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
     import torch
-
-    from hetrl.monitor.mfu import MfuMeter
-    from hetrl.trainer.checkpoint import start_checkpoint_writer
-    from hetrl.trainer.critic import ValueTrainer
-    from hetrl.trainer.hf_convert import load_hf_checkpoint
-    from hetrl.trainer.policy import PolicyTrainer
-    from hetrl.trainer.rl_step import train_on_batch
 
     init_trainer_world(ctx)
     start_checkpoint_writer()  # now, so that a pre-emption signal cannot kill its helper mid-start
@@ -289,7 +288,6 @@ def _push_weights(
     or went away) is reported to the orchestrator, which knows which engines had not answered
     and names them as it stops the job.
     """
-    from hetrl.trainer.exporter import iter_hf_weight_buckets
 
     bucket_bytes = cfg.rollout.weight_sync_bucket_bytes(on_gpu=trainer.groups.device.type == "cuda")
     buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
@@ -322,7 +320,6 @@ def _critic_state(critic: Any | None) -> tuple[Any, Any, Any] | None:
 
 
 def _save(trainer: Any, critic: Any | None, cfg: HetrlConfig, run_dir: Path, message: Checkpoint, version: int) -> Path:
-    from hetrl.trainer.checkpoint import save_checkpoint
 
     if message.step != version:
         raise RuntimeError(f"orchestrator asked for a checkpoint of v{message.step}, the trainer holds v{version}")
@@ -340,7 +337,6 @@ def _save(trainer: Any, critic: Any | None, cfg: HetrlConfig, run_dir: Path, mes
 
 
 def _restore(trainer: Any, critic: Any | None, path: str) -> tuple[int, dict[str, Any]]:
-    from hetrl.trainer.checkpoint import load_checkpoint
 
     state = load_checkpoint(
         path,

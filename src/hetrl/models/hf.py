@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.model import ModelConfig
-from hetrl.models.tokenizer import MIN_VOCAB_SIZE
+from hetrl.models.tokenizer import MIN_VOCAB_SIZE, build_char_tokenizer
 
 # The character tokenizer's <image> token (build_char_tokenizer(image_token=True)): the first id after its characters.
 CHAR_IMAGE_TOKEN_ID = MIN_VOCAB_SIZE
@@ -183,8 +183,6 @@ def build_random_hf_checkpoint(cfg: ModelConfig, out_dir: Path, seed: int = 0, i
     """
     import torch
     import transformers
-
-    from hetrl.models.tokenizer import build_char_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
 from hetrl.records import Sample
 from hetrl.reward.base import RewardFn, RewardOutcome, ScoringUnavailable, as_value
 from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
+from hetrl.sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ class Rubric:
             if "sandbox_pool" not in resources and any(
                 _takes(factory, "sandbox_pool") and "sandbox_pool" not in f.kwargs for f, factory in factories
             ):
-                from hetrl.sandbox.pool import SandboxPool
-
                 resources["sandbox_pool"] = SandboxPool(config.sandbox)
                 owned.append(resources["sandbox_pool"])
             fns = [

@@ -59,6 +59,7 @@ class JudgeEngine:
     """A frozen judge model on an in-process vLLM engine (greedy: a verdict is reproducible)."""
 
     def __init__(self, model_dir: Path, judge: JudgeConfig, server: RewardServerConfig, seed: int) -> None:
+        # lazy: torch and vLLM, only on a reward_server rank that serves a judge
         import torch
 
         from hetrl.rollout.engine import configure_vllm_environment, import_vllm

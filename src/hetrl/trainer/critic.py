@@ -26,6 +26,7 @@ from hetrl.config.trainer import TrainerConfig
 from hetrl.monitor import names
 from hetrl.trainer.algorithms import compute_value_loss
 from hetrl.trainer.batch import MicroBatch, TrainBatch
+from hetrl.trainer.hf_convert import load_hf_checkpoint
 from hetrl.trainer.logprobs import forward_values, run_schedule, sample_values
 from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
@@ -73,7 +74,6 @@ class ValueTrainer:
     def load_initial_weights(self, init: str, policy_hf_dir: str | Path) -> None:
         """Start from ``critic.init``: the policy's HF checkpoint (body only), an HF token-classification
         checkpoint (body and ``score`` head), or the fresh draw (``fresh``). Collective over the trainer ranks."""
-        from hetrl.trainer.hf_convert import load_hf_checkpoint
 
         if init == "fresh":
             return

@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hetrl.models.hf import hf_config, save_llava_processor
+from hetrl.models.tokenizer import build_char_tokenizer
 from hetrl.trainer.hf_convert import (
     SHARD_DIM,
     Layout,
@@ -200,8 +202,6 @@ def save_hf_checkpoint(
     """
     from safetensors.torch import save_file
 
-    from hetrl.models.hf import hf_config
-
     rank, _ = _world()
     out = Path(out_dir)
     written: list[tuple[Path, list[str], int]] = []
@@ -234,9 +234,6 @@ def _write_llava_processor(out: Path, model_cfg) -> None:  # noqa: ANN001 - a Mo
     """The ``LlavaProcessor`` beside a LLaVA checkpoint whose source directory had none: with the
     tokenizer already in ``out``, else the character tokenizer with its ``<image>`` token (written too)."""
     import transformers
-
-    from hetrl.models.hf import save_llava_processor
-    from hetrl.models.tokenizer import build_char_tokenizer
 
     if (out / "tokenizer_config.json").exists():
         tokenizer = transformers.AutoTokenizer.from_pretrained(out)

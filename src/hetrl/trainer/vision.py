@@ -41,7 +41,10 @@ from torch import Tensor
 
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
+from hetrl.models.hf import image_token_id
+from hetrl.models.images import to_pil
 from hetrl.records import Sample
+from hetrl.trainer.norms import TorchNorm
 
 # A parameter that never trains (a frozen vision tower; HF's post_layernorm, which LLaVA never
 # uses) carries this attribute: no gradient, no optimizer state, and weight pushes leave it out.
@@ -70,7 +73,6 @@ def image_spec(model_cfg: ModelConfig) -> ImageSpec | None:
     The placeholder id is the checkpoint's (``model.hf_checkpoint``), else the character tokenizer's
     ``<image>`` (what ``hetrl.models.hf`` writes as a random-init LLaVA's ``image_token_index``).
     """
-    from hetrl.models.hf import image_token_id
 
     if model_cfg.vision is None:
         return None
@@ -149,7 +151,6 @@ def _image_processor(image_size: int):  # -> transformers CLIPImageProcessor
 
 def pixel_values(images: Sequence[Any], spec: ImageSpec) -> Tensor:
     """``[n, 3, S, S]`` float32 pixel values of PIL images or encoded bytes (``hetrl.models.images.to_pil``)."""
-    from hetrl.models.images import to_pil
 
     if not images:
         return torch.zeros(0, 3, spec.image_size, spec.image_size)
@@ -272,8 +273,6 @@ def _vit_layer_spec():  # -> megatron ModuleSpec
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
-    from hetrl.trainer.norms import TorchNorm
-
     attention = ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.no_mask},
@@ -311,8 +310,6 @@ class VisionEncoder(torch.nn.Module):
         from megatron.core.models.vision.multimodal_projector import MultimodalProjector
         from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
         from megatron.core.transformer.mlp import MLPSubmodules
-
-        from hetrl.trainer.norms import TorchNorm
 
         super().__init__()
         vision = model_cfg.vision
