@@ -131,7 +131,9 @@ def test_function_level_imports_of_hetrl_say_why():
                 if not (getattr(node, "level", 0) or any(n == "hetrl" or n.startswith("hetrl.") for n in names)):
                     continue
                 above = node.lineno - 2  # the line above the import, then above its block of imports
-                while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                while above >= 0 and (
+                    not lines[above].strip() or lines[above].strip().startswith(("from ", "import "))
+                ):
                     above -= 1
                 if "#" not in lines[node.lineno - 1] and not lines[above].strip().startswith("#"):
                     silent.add(f"{path.relative_to(SRC)}:{node.lineno}")

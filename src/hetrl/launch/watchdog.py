@@ -19,7 +19,9 @@ from pathlib import Path
 
 import yaml
 
+from hetrl.config.loader import validate_tree
 from hetrl.control import liveness, rundir
+from hetrl.control.plan import Plan
 
 RESTARTS_FILE = "restarts"  # in RUN/hang/: hangs in a row, and the latest checkpoint when the last one came
 
@@ -68,9 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--step-pid", required=True, type=int, help="the srun running the job step")
     args = parser.parse_args(argv)
-
-    from hetrl.config.loader import validate_tree
-    from hetrl.control.plan import Plan
 
     cfg = validate_tree(yaml.safe_load((args.run_dir / rundir.CONFIG).read_text()))
     plan = Plan.from_json((args.run_dir / rundir.PLAN).read_text())

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetrl.config.reward import POLICY_MODEL
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, poll, send
 from hetrl.loop.faults import Countdown
 from hetrl.reward.base import ScoringUnavailable
-from hetrl.reward.serving import Completion, CompletionResult
+from hetrl.reward.serving import Completion, CompletionResult, JudgeEngine, RewardModelScorer, resolve_model_path
 
 logger = logging.getLogger(__name__)
 _POLL_MIN_S = 0.0005
@@ -89,8 +90,6 @@ class ServeClientDone:
 
 def load_served_models(cfg: HetrlConfig, policy_dir: Path) -> dict[str, Any]:
     """The models this server holds, by name ("judge": JudgeEngine, "reward_model": RewardModelScorer)."""
-    from hetrl.config.reward import POLICY_MODEL
-    from hetrl.reward.serving import JudgeEngine, RewardModelScorer, resolve_model_path
 
     models: dict[str, Any] = {}
     reward = cfg.reward

@@ -19,6 +19,7 @@ from hetrl.control import liveness, rundir
 from hetrl.control.comm import RoleContext
 from hetrl.control.rendezvous import free_port
 from hetrl.loop.faults import Countdown, Fault
+from hetrl.models.hf import build_random_hf_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +34,6 @@ class JobSetup:
 def _initial_checkpoint(cfg: HetrlConfig, run_dir: Path) -> Path:
     if cfg.model.hf_checkpoint:
         return Path(cfg.model.hf_checkpoint)
-    from hetrl.models.hf import build_random_hf_checkpoint
-
     target = run_dir / rundir.INITIAL_MODEL
     if not (target / "config.json").exists():
         build_random_hf_checkpoint(cfg.model, target, seed=cfg.run.seed)
@@ -52,6 +51,7 @@ def job_setup(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path) -> JobSetup:
 
 def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setup: JobSetup, sender: bool):
     """The sender (trainer rank 0) or a receiver (an engine) of the weight-sync group."""
+    # lazy: torch, which only the trainer's and the engines' ranks load
     import torch
 
     from hetrl.transport.weights.collective import init_weight_sync_group
@@ -110,25 +110,25 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
     setup = job_setup(ctx, cfg, run_dir)
     liveness.starting(f"starting the {ctx.role} role")
     if ctx.role == "orchestrator":
-        from hetrl.loop.driver import run_orchestrator
+        from hetrl.loop.driver import run_orchestrator  # lazy: a rank loads its own role's stack only
 
         run_orchestrator(ctx, cfg, run_dir, Path(setup.model_dir))
     elif ctx.role == "reward":
-        from hetrl.loop.reward_role import run_reward
+        from hetrl.loop.reward_role import run_reward  # lazy: a rank loads its own role's stack only
 
         run_reward(ctx, cfg, Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "scorer_crash"))
     elif ctx.role == "reward_server":
-        from hetrl.loop.reward_server_role import run_reward_server
+        from hetrl.loop.reward_server_role import run_reward_server  # lazy: a rank loads its own role's stack only
 
         run_reward_server(
             ctx, cfg, Path(setup.model_dir), Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "server_crash")
         )
     elif ctx.role == "env":
-        from hetrl.loop.env_role import run_env
+        from hetrl.loop.env_role import run_env  # lazy: a rank loads its own role's stack only
 
         run_env(ctx, cfg)
     elif ctx.role == "rollout":
-        from hetrl.loop.rollout_role import run_rollout
+        from hetrl.loop.rollout_role import run_rollout  # lazy: a rank loads its own role's stack only
 
         crash = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "engine_crash")
         refuse_push = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "push_refused")
@@ -141,7 +141,7 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
             refuse_push,
         )
     elif ctx.role == "trainer":
-        from hetrl.loop.trainer_role import run_trainer
+        from hetrl.loop.trainer_role import run_trainer  # lazy: a rank loads its own role's stack only
 
         is_sender = ctx.rank == ctx.plan.ranks_of("trainer")[0]
         run_trainer(

@@ -40,6 +40,10 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
+from hetrl.env.chat import ChatCodec
+from hetrl.env.episodes import EpisodeRunner
+from hetrl.env.registry import env_factory
+from hetrl.loop.env_role import EnvRoleClient
 from hetrl.loop.faults import Countdown
 from hetrl.loop.work import (
     MemoryReleased,
@@ -52,6 +56,7 @@ from hetrl.loop.work import (
     SyncWeights,
 )
 from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
+from hetrl.rollout.engine import GenerationEngine
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 
 logger = logging.getLogger(__name__)
@@ -69,10 +74,6 @@ class RolloutWorker:
     ) -> None:
         from transformers import AutoTokenizer
 
-        from hetrl.env.chat import ChatCodec
-        from hetrl.env.episodes import EpisodeRunner
-        from hetrl.env.registry import env_factory
-
         self.ctx, self.cfg, self.receiver, self.crash, self.refuse_push = ctx, cfg, receiver, crash, refuse_push
         self.refused_in_a_row = 0
         self.model_dir = model_dir
@@ -82,8 +83,6 @@ class RolloutWorker:
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.env_client = None
         if cfg.env.placement == "role":
-            from hetrl.loop.env_role import EnvRoleClient
-
             self.env_client = EnvRoleClient(ctx)
         make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
         self.episodes = EpisodeRunner(
@@ -100,7 +99,6 @@ class RolloutWorker:
         self._generating_since: float | None = None  # when work last came to an engine holding no episodes
 
     def _new_engine(self) -> Any:
-        from hetrl.rollout.engine import GenerationEngine
 
         return GenerationEngine(
             self.model_dir,

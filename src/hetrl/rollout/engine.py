@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.rollout import RolloutConfig
+from hetrl.models.images import to_pil
 from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 from hetrl.rollout import cpu_torchvision_shim, worker_extension
 from hetrl.rollout.vision import (
@@ -360,7 +361,6 @@ class GenerationEngine:
             return request, None
         if self.image_inputs is None:
             return request, f"{len(request.images)} image(s) sent to {self.architecture}, a model that takes no images"
-        from hetrl.models.images import to_pil
 
         try:
             return replace(request, images=[to_pil(image) for image in request.images]), None
