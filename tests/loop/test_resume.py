@@ -125,11 +125,32 @@ def test_preempted_run_checkpoints_exits_for_requeue_and_resumes_to_the_end(resu
     summary = json.loads((resumed_run / "summary.json").read_text())
     assert {"eval_before", "eval_after_warm_start", "eval_after"} <= set(summary)
     assert summary["trained_samples"] == 2 * 64 + STEPS * 4 * 4  # warm start + RL, across both processes
+    ledger = summary["samples"]  # the RL samples of both processes, not only the resumed one's
+    assert ledger["trained"] == STEPS * 4 * 4 and ledger["in_flight"] == 0, ledger
+    assert ledger["issued"] == ledger["trained"] + ledger["dropped"], ledger
     # checkpoint.every=1, keep=2: one per step (policy versions 3..6), only the newest two kept.
     kept = sorted(p.name for p in (resumed_run / "checkpoints").iterdir() if p.is_dir())
     assert kept == ["step_00000005", "step_00000006"]
     assert latest(resumed_run).name == "step_00000006"
     assert loop_state(latest(resumed_run))["version"] == 2 + STEPS
+
+
+@pytest.mark.slow
+def test_a_finished_run_relaunched_keeps_the_whole_runs_ledger(tmp_path):
+    """The same command again on a finished run resumes it at its end and evaluates again; its summary's
+    sample ledger is still the whole run's, not the relaunch's (which issues nothing)."""
+    run_dir, overrides = tmp_path / "tiny_grpo", ("run.steps=2", "warm_start.steps=0")
+    summaries = []
+    for _ in range(2):
+        proc = launch(tmp_path, *overrides)
+        out = finish(proc)
+        assert proc.returncode == 0, out
+        summaries.append(json.loads((run_dir / "summary.json").read_text()))
+    assert "resumed from" in out, out
+    first, again = summaries
+    assert first["samples"]["trained"] == 2 * 4 * 4, first["samples"]
+    assert again["samples"] == first["samples"]
+    assert again["trained_samples"] == first["trained_samples"] == 2 * 4 * 4
 
 
 @pytest.fixture(scope="module")

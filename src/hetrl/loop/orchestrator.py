@@ -85,11 +85,24 @@ class _Ledger:
     regenerated: int = 0  # stale samples generated again under their ids (schedule.stale_policy=regenerate)
     requeued_generation: int = 0  # episodes re-run after an engine failure
     requeued_reward: int = 0  # samples re-scored after a reward-worker failure
+    # Issued, trained and dropped counts of the run's earlier processes (from the checkpoint it resumed);
+    # their ids are not kept: a resumed run's sets hold only its own.
+    earlier: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("issued", "trained", "dropped"), 0))
 
     def unaccounted(self, waiting: set[str]) -> set[str]:
         """Issued training ids that are neither trained, dropped, in flight, nor waiting in a group."""
         in_flight = set(self.dispatched) | set(self.rewarding) | waiting
         return self.issued - self.trained - self.dropped - in_flight
+
+    def settled(self) -> dict[str, int]:
+        """The whole run's issued, trained and dropped counts without the ids still in flight: what a
+        checkpoint carries, since a resumed run issues those again (the same ids, generated again)."""
+        trained = self.trained & self.issued  # warm-start demonstrations are trained, never issued
+        return {
+            "issued": self.earlier["issued"] + len(trained) + len(self.dropped),
+            "trained": self.earlier["trained"] + len(trained),
+            "dropped": self.earlier["dropped"] + len(self.dropped),
+        }
 
 
 def sampling_for(cfg: HetrlConfig, purpose: str, eos_token_id: int) -> SamplingParams:
@@ -602,6 +615,7 @@ class Orchestrator:
             "regenerated": self.ledger.regenerated,
             "requeued_generation": self.ledger.requeued_generation,
             "requeued_reward": self.ledger.requeued_reward,
+            "settled": self.ledger.settled(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -613,20 +627,25 @@ class Orchestrator:
         self.ledger.regenerated = int(state.get("regenerated", 0))  # absent before stale_policy=regenerate existed
         self.ledger.requeued_generation = int(state["requeued_generation"])
         self.ledger.requeued_reward = int(state["requeued_reward"])
+        # Absent before the ledger spanned resumes: the counts then start from this process.
+        self.ledger.earlier.update({key: int(count) for key, count in state.get("settled", {}).items()})
         if self.adaptive_bound is not None and state.get("adaptive_bound"):  # absent before adaptive_staleness existed
             self.adaptive_bound.load_state_dict(state["adaptive_bound"])
 
     def ledger_report(self) -> dict[str, int]:
-        """Counts that account for every training sample id (written into summary.json)."""
+        """Counts that account for every training sample id of the whole run, earlier processes included
+        (written into summary.json); ``issued = trained + dropped + in_flight``."""
         waiting = {s.sample_id for group in [*self.groups.values(), *self.ready] for s in group}
         lost = self.ledger.unaccounted(waiting)
         if lost:
             raise RuntimeError(f"{len(lost)} training sample id(s) are unaccounted for, e.g. {sorted(lost)[:5]}")
+        in_flight = len(self.ledger.issued - self.ledger.trained - self.ledger.dropped)
+        settled = self.ledger.settled()
         return {
-            "issued": len(self.ledger.issued),
-            "trained": len(self.ledger.trained & self.ledger.issued),
-            "dropped": len(self.ledger.dropped),
-            "in_flight": len(self.ledger.issued - self.ledger.trained - self.ledger.dropped),
+            "issued": settled["issued"] + in_flight,
+            "trained": settled["trained"],
+            "dropped": settled["dropped"],
+            "in_flight": in_flight,
             "regenerated": self.ledger.regenerated,
             "requeued_generation": self.ledger.requeued_generation,
             "requeued_reward": self.ledger.requeued_reward,
