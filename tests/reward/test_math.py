@@ -117,7 +117,6 @@ AGREEMENT = [
     (box("[1,2)"), r"x\in[1,2)"),
     (box(r"(-\infty, 3]"), r"(-\infty,3]"),
     (box(r"(-\infty,1)\cup(2,\infty)"), r"(-\infty,1)\cup(2,\infty)"),
-    (box(r"1 \le x < 2"), "[1,2)"),
     # equations and expressions
     (box("x=5"), "5"),
     (box("5"), "x=5"),
@@ -178,6 +177,40 @@ def test_verdicts_agree_with_math_verify(completion, gold):
     verdict = check_answer(completion, gold)
     assert verdict.correct is math_verify_verdict(completion, gold), verdict
     assert ERROR not in verdict.flags
+
+
+# (completion, reference, correct): forms math-verify misreads (hetrl.reward.math_forms), and wrong twins of them
+RESTATED = [
+    (box(r"1 \le x < 2"), "[1,2)", True),  # an inequality for an interval
+    (box(r"-2 \le x \le 7"), r"x \in [-2,7]", True),
+    (box(r"x \ge 3"), r"[3, \infty)", True),
+    (box(r"-2 \le x \le 0.333333"), r"[-2, \frac{1}{3}]", True),  # with a rounded end
+    (box(r"1 < x < 2"), "[1,2)", False),
+    (box("1,22"), "1.22", True),  # a decimal comma
+    (box("1{,}5"), "1.5", True),
+    ("Das Ergebnis ist 3,75.", "3.75", True),
+    (box("1,23"), "1.22", False),
+    (box("1,220"), "1.22", False),  # three digits: thousands
+    (box(r"f(t) = t^2 + 1"), "f(x) = x^2 + 1", True),  # a renamed function variable
+    (box(r"f(t) = t^2 + x"), "f(x) = x^2 + 1", False),
+    (box(r"f(t) = 3t^2 - 2074 t"), "f(x) = 3x^2 - 2074x", True),  # math-verify drops the last t as a unit
+    (box(r"f(t) = 3t^2 - 2074 t"), "f(t) = 3t^2 - 2074", False),  # ... and would accept this
+    (
+        box("10x + 32y = -124"),
+        "5x + 16y = -62",
+        True,
+    ),  # an equation rescaled (the tolerance guard took it for a scalar)
+    (box("10x + 32y = -123"), "5x + 16y = -62", False),
+    (box("0.000916"), r"\frac{15}{16384}", True),  # 6 places, 3 significant digits
+    ("The probability is 7/20.", r"\frac{7}{20}", True),  # math-verify reads "20." as a float
+    ("The probability is 7/21.", r"\frac{7}{20}", False),
+]
+
+
+@pytest.mark.parametrize("completion, gold, correct", RESTATED, ids=range(len(RESTATED)))
+def test_forms_math_verify_misreads_are_read_as_they_are_meant(completion, gold, correct):
+    verdict = check_answer(completion, gold)
+    assert verdict.correct is correct and ERROR not in verdict.flags, verdict
 
 
 @pytest.mark.parametrize("completion, gold, flag", GUARDED, ids=range(len(GUARDED)))

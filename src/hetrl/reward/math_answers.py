@@ -25,8 +25,8 @@ Guards, each with a named flag, for false positives that math-verify alone accep
   ``12\\textnormal{ miles}``, ``5 cm``) is fine;
 * numeric tolerance: math-verify compares after rounding, so 1/2^99 "equals" 1/2^98; an accepted numeric pair
   must also agree to a RELATIVE tolerance -> otherwise ``math/tolerance_false_positive``. A decimal answer of
-  magnitude >= 1e-3 keeps math-verify's 6-decimal rounding (``0.333333`` for 1/3): there it compares at least
-  4 significant digits.
+  magnitude >= 1e-4 keeps math-verify's 6-decimal rounding (``0.333333`` for 1/3, ``0.000916`` for 15/16384):
+  there it compares at least 3 significant digits.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from hetrl.records import Sample
 from hetrl.reward.base import RewardValue
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
+from hetrl.reward.math_forms import braced_variable_tail, decimal_commas, restatements, sentence_stops
 
 # math-verify warns on every call that its (signal-based) timeouts are off: we hold the deadline.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -337,6 +338,8 @@ def quick_verdict(answer: FinalAnswer, gold: str) -> MathVerdict | None:
     reference = _read_plain(gold) if "$" not in gold else None
     if reference is None:
         return None
+    if reference.kind == "number":
+        answer = replace(answer, text=decimal_commas(answer.text))
     if answer.boxed and reference.kind == "number":
         if answer.distinct > 1:
             return MathVerdict(False, [MULTIPLE_ANSWERS], f"{answer.distinct} different boxed answers", answer.text)
@@ -379,8 +382,13 @@ def _partial(content: str) -> bool:
 
 
 def _scalar(value: Any) -> Any:
-    """The numeric scalar a value stands for (an assignment's right side), else None: only scalars are re-checked."""
+    """The numeric scalar a value stands for (an assignment's right side), else None: only scalars are re-checked.
+
+    An equation that assigns nothing (``10x + 32y = -124``) is no scalar: a rescaled one has another right side.
+    """
     if isinstance(value, sympy.Eq):
+        if not isinstance(value.lhs, sympy.Symbol):
+            return None
         value = value.rhs
     if isinstance(value, sympy.Expr) and not isinstance(value, (sympy.MatrixBase, MatrixExpr)) and value.is_number:
         return value
@@ -388,7 +396,7 @@ def _scalar(value: Any) -> Any:
 
 
 def _close(a: Any, b: Any, rel_tol: float) -> bool:
-    """Equal to a relative tolerance, or a decimal answer of 4+ significant digits that rounds to the reference."""
+    """Equal to a relative tolerance, or a decimal answer of 3+ significant digits that rounds to the reference."""
     x, y = sympy.N(a, 30), sympy.N(b, 30)
     if not (x.is_number and y.is_number):
         return True  # not numeric: nothing to re-check
@@ -396,7 +404,7 @@ def _close(a: Any, b: Any, rel_tol: float) -> bool:
     if diff == 0 or diff <= rel_tol * max(abs(x), abs(y)):
         return True
     written_decimal = a.has(sympy.Float) or b.has(sympy.Float)
-    return bool(written_decimal and min(abs(x), abs(y)) >= 1e-3)
+    return bool(written_decimal and min(abs(x), abs(y)) >= 1e-4)
 
 
 def _tolerance_ok(reference: Any, answer: Any, rel_tol: float) -> bool:
@@ -424,9 +432,12 @@ def _sympy_verdict(answer: FinalAnswer, gold: str, rel_tol: float) -> MathVerdic
     if not reference:
         return MathVerdict(False, [NO_ANSWER], f"reference {gold!r} does not parse")
     single = _single_value(reference[0])
+    if single:
+        answer = replace(answer, text=decimal_commas(answer.text))
     if answer.boxed and single and answer.distinct > 1:
         return MathVerdict(False, [MULTIPLE_ANSWERS], f"{answer.distinct} different boxed answers", answer.text)
-    pred = parse(f"\\boxed{{{answer.text}}}" if answer.boxed else answer.text, parsing_timeout=None)
+    text = f"\\boxed{{{braced_variable_tail(answer.text)}}}" if answer.boxed else sentence_stops(answer.text)
+    pred = parse(text, parsing_timeout=None)
     if not pred:
         return MathVerdict(False, [NO_ANSWER], "no parsable answer")
     matched = pred[-1] if isinstance(pred[-1], str) else ""
@@ -439,7 +450,10 @@ def _sympy_verdict(answer: FinalAnswer, gold: str, rel_tol: float) -> MathVerdic
                 False, [PARTIAL_PARSE], f"answer {answer.text!r} only partly parsed as {matched!r}", answer.text
             )
     if not verify(list(reference), pred, timeout_seconds=None):
-        return MathVerdict(False, [], "wrong answer", matched)
+        restated = restatements(reference[0], pred[0])
+        if restated is None or not verify([restated[0]], [restated[1]], timeout_seconds=None):
+            return MathVerdict(False, [], "wrong answer", matched)
+        return MathVerdict(True, [], "correct, restated", matched)
     if not _tolerance_ok(reference[0], pred[0], rel_tol):
         reason = f"{matched!r} equals {gold!r} only after rounding"
         return MathVerdict(False, [TOLERANCE_FALSE_POSITIVE], reason, matched)
