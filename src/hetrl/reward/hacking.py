@@ -22,6 +22,7 @@ CHANNEL_TAMPER = "hack/reward_channel_tamper"  # writing to the tests or the rew
 REFERENCE_ACCESS = "hack/reference_access"  # reaching for the reference solution/expected outputs
 MULTIPLE_ANSWERS = "hack/multiple_answers"  # several final answers at once
 JUDGE_INJECTION = "hack/judge_injection"  # instructions aimed at the judge inside the response
+JUDGE_IMPERSONATION = "hack/judge_impersonation"  # a verdict, score tag or fence end shaped like the grader's own
 NONFINITE_REWARD = "hack/nonfinite_reward"  # nan/inf from a reward source
 OUT_OF_RANGE_REWARD = "hack/out_of_range_reward"  # a value outside its source's declared range
 
@@ -34,6 +35,7 @@ ALL_FLAGS = (
     REFERENCE_ACCESS,
     MULTIPLE_ANSWERS,
     JUDGE_INJECTION,
+    JUDGE_IMPERSONATION,
     NONFINITE_REWARD,
     OUT_OF_RANGE_REWARD,
 )
