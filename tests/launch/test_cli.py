@@ -19,6 +19,7 @@ def test_dry_run_prints_plan_and_hetjob_script(tmp_path):
     out = proc.stdout
     assert "hetrl plan: moe_grpo on slurm_h100, 128 GPU node(s)" in out
     assert "TP 2 x PP 4 x CP 1 x DP 128 (EP 8)" in out and "256 vLLM engine(s), TP 4" in out
+    assert "asleep through each train step" in out  # moe_grpo's engines are colocated
     script = (tmp_path / "moe_grpo" / "job.sbatch").read_text()
     assert script in out  # printed verbatim, not wrapped
     assert script.count("#SBATCH hetjob") == 1

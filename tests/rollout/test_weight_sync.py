@@ -120,10 +120,11 @@ def _nap(engine, tag: str) -> list[GenerationRequest]:
     return requests
 
 
-def test_a_sleeping_engine_decodes_nothing_and_wakes_for_the_push_then_to_generate(engine, hf, caplog):
+def test_a_sleeping_engine_decodes_nothing_and_wakes_for_the_push_then_to_generate(engine, hf, caplog, monkeypatch):
     """A colocated engine's turns (hetrl.loop.rollout_role): the samples the sleep interrupted and one submitted
-    while asleep wait; a push needs the weights awake; the KV cache's wake resumes them under the pushed version.
-    On CPU the sleep frees nothing, and the log says so once, not at every sleep."""
+    while asleep wait; a push needs the weights awake; the KV cache's wake resumes them under the pushed version,
+    or, without partial rollouts, starts them again under it. On CPU the sleep frees nothing, and the log says so
+    once, not at every sleep."""
     from hetrl.rollout import engine as engine_module
 
     engine_module._note_no_sleep_mode.cache_clear()  # once per process: count from here
@@ -138,7 +139,7 @@ def test_a_sleeping_engine_decodes_nothing_and_wakes_for_the_push_then_to_genera
             engine.load_weights(staged)
         engine.wake("weights")
         engine.load_weights(staged)
-        assert engine.version == old + 1 and engine.num_in_flight == 0  # resumed, waiting for the KV cache
+        assert engine.version == old + 1 and engine.num_in_flight == 0  # waiting for the KV cache
         engine.wake("kv_cache")
         results = {r.request_id: r for r in engine.iter_results()}
         for index, prompt in enumerate(PROMPTS):
@@ -149,16 +150,26 @@ def test_a_sleeping_engine_decodes_nothing_and_wakes_for_the_push_then_to_genera
             assert result.response_ids[switch:] == hf_greedy(hf["b"], prompt + prefix, NEW_TOKENS - switch)
         assert results["late0"].versions == [old + 1] * NEW_TOKENS
         assert results["late0"].response_ids == hf_greedy(hf["b"], late.prompt_ids)
+        # Without partial rollouts the interrupted samples start again under the pushed weights: one version each.
+        monkeypatch.setattr(engine, "cfg", engine.cfg.model_copy(update={"partial_rollout": False}))
+        _nap(engine, "again")
+        engine.wake("weights")
+        engine.load_weights(StagedWeights(old + 2, state_of(hf["a"])))
+        engine.wake("kv_cache")
+        results = {r.request_id: r for r in engine.iter_results()}
+        for index, prompt in enumerate(PROMPTS):
+            assert results[f"again{index}"].response_ids == hf_greedy(hf["a"], prompt)
+            assert results[f"again{index}"].versions == [old + 2] * NEW_TOKENS
         # A push refused while asleep: the interrupted samples go on under the old weights once the KV cache wakes.
         _nap(engine, "refused")
         engine.wake("weights")
         with pytest.raises(WeightSyncError, match="not newer"):
-            engine.load_weights(StagedWeights(old + 1, state_of(hf["a"])))
+            engine.load_weights(StagedWeights(old + 2, state_of(hf["b"])))
         engine.wake("kv_cache")
         results = {r.request_id: r for r in engine.iter_results()}
     assert not engine.asleep
     for index, prompt in enumerate(PROMPTS):
-        assert results[f"refused{index}"].response_ids == hf_greedy(hf["b"], prompt)
-        assert results[f"refused{index}"].versions == [old + 1] * NEW_TOKENS
+        assert results[f"refused{index}"].response_ids == hf_greedy(hf["a"], prompt)
+        assert results[f"refused{index}"].versions == [old + 2] * NEW_TOKENS
     notes = [r for r in caplog.records if "no sleep mode" in r.getMessage()]
     assert len(notes) == 1, [r.getMessage() for r in notes]

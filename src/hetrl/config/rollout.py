@@ -88,7 +88,10 @@ class RolloutConfig(Section):
         "(VLLM_CPU_OMP_THREADS_BIND); null = every core this process may use, split evenly over the TP workers.",
     )
     partial_rollout: bool = Field(
-        True, description="Interrupt in-flight requests for weight updates and resume them (async schedules)."
+        True,
+        description="Interrupt in-flight requests for weight updates and resume them under the new weights (async "
+        "schedules). Off: a request a push interrupts ends as 'abort', and one a colocated engine's sleep "
+        "interrupted starts again from its prompt under the new weights.",
     )
     routing_replay: bool = Field(
         False,

@@ -40,7 +40,11 @@ def plan_tables(cfg: HetrlConfig, plan: Plan) -> list[Table]:
         f"TP {t.tensor_parallel} x PP {t.pipeline_parallel} x CP {t.context_parallel} x DP {t.data_parallel}"
         f" (EP {t.expert_parallel}) on {t.nodes} node(s)",
     )
-    where = "colocated on the trainer GPUs" if r.placement == "colocated" else f"on {r.nodes} node(s) of their own"
+    where = (
+        "colocated on the trainer GPUs, asleep through each train step"
+        if r.placement == "colocated"
+        else f"on {r.nodes} node(s) of their own"
+    )
     layout.add_row(
         "rollout", str(sizes["rollout"]), f"{r.num_engines} vLLM engine(s), TP {r.engine_tensor_parallel}, {where}"
     )

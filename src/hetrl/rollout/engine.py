@@ -287,6 +287,7 @@ class GenerationEngine:
             )
         self._active: dict[str, _Sample] = {}  # vLLM request id -> sample
         self._paused: list[_Sample] = []
+        self._slept: list[_Sample] = []  # interrupted by release_memory: they go on at the KV cache's wake
         self._deferred: list[_Sample] = []  # started while the KV cache was asleep: they start at its wake
         self._finished: list[GenerationResult] = []
         self._broken: str | None = None  # set when a weight swap failed midway: never serve then
@@ -634,15 +635,15 @@ class GenerationEngine:
     def release_memory(self) -> None:
         """Colocated: hand this engine's GPU memory to the trainer for its step (vLLM sleep, level 1).
 
-        In-flight samples are interrupted first, keeping their tokens: the push that follows resumes them
-        under the new version, or ends them as ``abort`` without ``rollout.partial_rollout``; a push refused
-        leaves them to resume at the KV cache's wake, under the old version. Level 1 offloads the weights
-        to host memory rather than discarding them (level 2) so that a refused push still leaves whole
-        weights to serve. On CPU the state changes and nothing is freed (:func:`_note_no_sleep_mode`).
+        In-flight samples are interrupted first and go on when the KV cache wakes (:meth:`wake`). Level 1
+        offloads the weights to host memory rather than discarding them (level 2) so that a refused push
+        still leaves whole weights to serve. On CPU the state changes and nothing is freed
+        (:func:`_note_no_sleep_mode`).
         """
         if self.asleep:
             raise RuntimeError(f"release_memory called while {sorted(self.asleep)} already asleep")
         self.interrupt()
+        self._slept, self._paused = self._paused, []
         if self.sleep_mode:
             self._engine.sleep(level=1)
         else:
@@ -651,17 +652,31 @@ class GenerationEngine:
 
     def wake(self, tag: str) -> None:
         """Bring back ``tag``'s memory (:data:`WEIGHTS` before a push is loaded, :data:`KV_CACHE` before
-        generating); waking the KV cache starts the samples that waited for it. A tag awake is left as it is."""
+        generating). A tag awake is left as it is.
+
+        Waking the KV cache starts the samples that waited for it. Those the sleep interrupted resume from
+        their tokens so far; if a push replaced the weights meanwhile and ``rollout.partial_rollout`` is
+        off, they start again from their prompt instead, so that each sample keeps one version (ending
+        them as ``abort``, as a push does to the samples it interrupts, would hand the trainer the
+        look-ahead's groups cut off at every step, most of them before their first token).
+        """
         if tag not in self.asleep:
             return
         if self.sleep_mode:
             self._engine.wake_up(tags=[tag])
         self.asleep.discard(tag)
         if tag == KV_CACHE:
+            slept, self._slept = self._slept, []
+            for sample in slept:
+                replaced = bool(sample.versions) and sample.versions[-1] != self.version
+                self._start(
+                    _Sample(sample.request, sample.sample_index)
+                    if replaced and not self.cfg.partial_rollout
+                    else sample
+                )
             deferred, self._deferred = self._deferred, []
             for sample in deferred:
                 self._start(sample)
-            self.resume()  # interrupted by the sleep, and no push resumed them (it was refused)
 
     def shutdown(self) -> None:
         self._engine.engine_core.shutdown()
