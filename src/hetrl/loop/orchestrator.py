@@ -44,6 +44,8 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
 from hetrl.env.episodes import EpisodeItem, group_items
+from hetrl.env.registry import build_held_out_split
+from hetrl.env.tasks.base import TaskStream
 from hetrl.loop.batching import require_room
 from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.loop.work import (
@@ -64,6 +66,7 @@ from hetrl.loop.work import (
     id_order,
 )
 from hetrl.monitor import names
+from hetrl.monitor.eval import eval_metrics
 from hetrl.monitor.guards import IDLE
 from hetrl.records import CONVERSATION_KEY, Sample, SamplingParams
 
@@ -131,8 +134,6 @@ def group_lag(group: list[Sample], trainer_version: int) -> int:
 
 class Orchestrator:
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, tokenizer: Any) -> None:
-        from hetrl.env.registry import build_held_out_split
-        from hetrl.env.tasks.base import TaskStream
 
         self.ctx, self.cfg, self.run_dir, self.tokenizer = ctx, cfg, run_dir, tokenizer
         # Once per run, here: the training stream walks the training side of the held-out split.
@@ -414,7 +415,6 @@ class Orchestrator:
 
         It scores the current policy: it starts once every engine serves the current version.
         """
-        from hetrl.monitor.eval import eval_metrics
 
         while min(self.serving.values()) < self.version:  # an engine that refused the push is being sent it again
             self.pump(f"every engine to serve v{self.version}", timeout_s=600)
