@@ -77,6 +77,9 @@ _COLUMNS: dict[str, type] = {
 _OFFSET_FIELDS = ("prompt_ids", "completion_ids", "routed_experts", "image_bytes", "image_lengths", *_STRING_FIELDS)
 _VALUE_CHUNK = 1 << 16
 _COLUMN_CHUNK = 1 << 10
+# Rows asked for together and at most this far apart are read in one window: reading the rows
+# between costs less than another read (a read decompresses whole chunks anyway).
+_WINDOW_GAP = 1024
 ROLLOUT_DIR = "rollouts"
 
 
@@ -295,6 +298,7 @@ class RolloutRow:
     length: int
     flags: list[str]
     finish_reason: str
+    group_id: str
 
 
 def select_rows(
@@ -333,25 +337,48 @@ def select_rows(
     return out
 
 
+@dataclass
+class _Window:
+    """Rows lo.. of one file, read into memory: per-sample columns, and each ragged field's values
+    with the offsets that cut them (``bounds[k][j]`` is where row lo + j starts, in the file)."""
+
+    lo: int
+    bounds: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]
+    cols: dict[str, np.ndarray]
+
+    def ragged(self, field_name: str, index: int) -> np.ndarray:
+        b = self.bounds[_TOKEN_FIELDS[field_name][1] if field_name in _TOKEN_FIELDS else field_name]
+        j, first = index - self.lo, int(b[0])
+        return self.values[field_name][int(b[j]) - first : int(b[j + 1]) - first]
+
+
 class _OpenFile:
     """One file opened for SWMR reading with its commit count fixed at open time."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.f = h5py.File(path, "r", libver="latest", swmr=True)
-        step = self.f["samples/step"]
-        step.refresh()
+        try:
+            self.f = h5py.File(path, "r", libver="latest", swmr=True)
+        except (OSError, RuntimeError) as err:  # h5py's error for a file cut short or not HDF5 at all
+            raise ValueError(f"cannot open {path}: {err}") from err
+        self._open: dict[str, h5py.Dataset | None] = {}
+        step = self._ds("samples/step")
+        if step is None:
+            self.f.close()
+            raise ValueError(f"{path} is not a hetrl rollout file (it has no samples/step)")
         self.num = int(step.shape[0])
-        for ds in self._all_datasets():
-            ds.refresh()
 
-    def _all_datasets(self):
-        for group in ("samples", "ragged"):
-            for obj in self.f[group].values():
-                if isinstance(obj, h5py.Dataset):
-                    yield obj
-                else:
-                    yield from obj.values()
+    def _ds(self, name: str) -> h5py.Dataset | None:
+        """A dataset refreshed to what the writer has flushed (refreshed after ``samples/step``, the commit
+        mark, so it holds at least ``num`` rows), or None in a file written before it existed. Opened
+        on first use: a reader of one step's cheap columns touches 8 of the ~45 datasets."""
+        if name not in self._open:
+            ds = self.f.get(name)
+            if ds is not None:
+                ds.refresh()
+            self._open[name] = ds
+        return self._open[name]
 
     # A file written before a field existed (v1 had no routing) reads as if every row left it empty.
     # Every read takes a window of rows [lo, hi): a viewer of a run with a million samples reads
@@ -359,29 +386,33 @@ class _OpenFile:
 
     def column(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         hi = self.num if hi is None else hi
-        if f"samples/{name}" not in self.f:
-            return np.zeros(hi - lo, dtype=_COLUMNS[name])
-        return self.f[f"samples/{name}"][lo:hi]
+        ds = self._ds(f"samples/{name}")
+        return np.zeros(hi - lo, dtype=_COLUMNS[name]) if ds is None else ds[lo:hi]
 
     def bounds(self, field_name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Where rows lo..hi-1 of a ragged field start, and where the last one ends (hi - lo + 1 offsets)."""
         hi = self.num if hi is None else hi
-        if f"ragged/{field_name}" not in self.f:
+        ds = self._ds(f"ragged/{field_name}/end")
+        if ds is None:
             return np.zeros(hi - lo + 1, dtype=np.int64)
-        end = self.f[f"ragged/{field_name}/end"][max(lo - 1, 0) : hi]
+        end = ds[max(lo - 1, 0) : hi]
         return end if lo else np.concatenate([np.zeros(1, np.int64), end])
 
-    def ragged(self, field_name: str, index: int, lo: int, bounds: dict[str, np.ndarray]) -> np.ndarray:
-        """Row ``index``'s values of a ragged field; ``bounds`` from :meth:`bounds` over a window starting at ``lo``."""
-        owner = _TOKEN_FIELDS[field_name][1] if field_name in _TOKEN_FIELDS else field_name
-        if f"ragged/{field_name}" not in self.f:
-            return np.zeros(0, dtype=_TOKEN_FIELDS[field_name][0] if field_name in _TOKEN_FIELDS else np.uint8)
-        b = bounds[owner]
-        return self.f[f"ragged/{field_name}/values"][int(b[index - lo]) : int(b[index - lo + 1])]
+    def window(self, lo: int, hi: int) -> _Window:
+        """Rows lo..hi-1 of every field, read with one slice per dataset (h5py pays per read, and a
+        read decompresses whole chunks: row by row, a step of 1,024 samples took seconds)."""
+        bounds = {k: self.bounds(k, lo, hi) for k in _OFFSET_FIELDS}
+        values = {}
+        for k in (*_TOKEN_FIELDS, *_STRING_FIELDS):
+            b = bounds[_TOKEN_FIELDS[k][1] if k in _TOKEN_FIELDS else k]
+            dtype = _TOKEN_FIELDS[k][0] if k in _TOKEN_FIELDS else np.uint8
+            ds = self._ds(f"ragged/{k}/values")
+            values[k] = np.zeros(0, dtype) if ds is None else ds[int(b[0]) : int(b[-1])]
+        return _Window(lo, bounds, values, {k: self.column(k, lo, hi) for k in _COLUMNS})
 
     def strings(self, field_name: str, lo: int = 0, hi: int | None = None) -> list[str]:
         b = self.bounds(field_name, lo, hi)
-        blob = self.f[f"ragged/{field_name}/values"][int(b[0]) : int(b[-1])].tobytes()
+        blob = self._ds(f"ragged/{field_name}/values")[int(b[0]) : int(b[-1])].tobytes()
         b = b - b[0]
         return [blob[x:y].decode("utf-8") for x, y in zip(b[:-1], b[1:])]
 
@@ -432,8 +463,8 @@ class RolloutReader:
                 lo, hi = int(picked[0]), int(picked[-1]) + 1
                 rewards = of.column("reward", lo, hi)
                 lengths = np.diff(of.bounds("completion_ids", lo, hi))
-                ids, tasks, flags, finish = (
-                    of.strings(k, lo, hi) for k in ("sample_id", "task_name", "flags_json", "finish_reason")
+                ids, tasks, flags, finish, groups = (
+                    of.strings(k, lo, hi) for k in ("sample_id", "task_name", "flags_json", "finish_reason", "group_id")
                 )
                 for i in picked.tolist():
                     j = i - lo
@@ -448,6 +479,7 @@ class RolloutReader:
                             int(lengths[j]),
                             json.loads(flags[j]),
                             finish[j],
+                            groups[j],
                         )
                     )
             finally:
@@ -455,7 +487,8 @@ class RolloutReader:
         return out
 
     def load(self, rows: list[RolloutRow]) -> list[RolloutRecord]:
-        """Full records for the given rows (in the same order); reads each file's window of the rows asked for."""
+        """Full records for the given rows (in the same order). Rows near each other in a file are read
+        as one window (:meth:`_OpenFile.window`); rows far apart, in windows of their own."""
         by_file: dict[str, list[int]] = {}
         for pos, row in enumerate(rows):
             by_file.setdefault(row.file, []).append(pos)
@@ -463,12 +496,10 @@ class RolloutReader:
         for file, positions in by_file.items():
             of = _OpenFile(Path(file))
             try:
-                indices = [rows[pos].index for pos in positions]
-                lo, hi = min(indices), max(indices) + 1
-                bounds = {k: of.bounds(k, lo, hi) for k in _OFFSET_FIELDS}
-                cols = {k: of.column(k, lo, hi) for k in _COLUMNS}
-                for pos, index in zip(positions, indices):
-                    out[pos] = _read_record(of, index, lo, bounds, cols)
+                for cluster in _clusters(sorted(positions, key=lambda pos: rows[pos].index), rows):
+                    window = of.window(rows[cluster[0]].index, rows[cluster[-1]].index + 1)
+                    for pos in cluster:
+                        out[pos] = _read_record(of.path, rows[pos].index, window)
             finally:
                 of.close()
         return [r for r in out if r is not None]
@@ -489,13 +520,22 @@ def _images(blob: np.ndarray, lengths: np.ndarray) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _read_record(
-    of: _OpenFile, i: int, lo: int, bounds: dict[str, np.ndarray], cols: dict[str, np.ndarray]
-) -> RolloutRecord:
-    """Row ``i`` of a file whose window of rows starting at ``lo`` was read into ``bounds`` and ``cols``."""
-    text = {k: of.ragged(k, i, lo, bounds).tobytes().decode("utf-8") for k in _STRING_FIELDS}
-    tok = {k: of.ragged(k, i, lo, bounds) for k in _TOKEN_FIELDS}
-    j = i - lo
+def _clusters(positions: list[int], rows: list[RolloutRow]) -> list[list[int]]:
+    """Positions (sorted by row index) cut where two rows lie more than :data:`_WINDOW_GAP` rows apart."""
+    out: list[list[int]] = []
+    for pos in positions:
+        if out and rows[pos].index - rows[out[-1][-1]].index <= _WINDOW_GAP:
+            out[-1].append(pos)
+        else:
+            out.append([pos])
+    return out
+
+
+def _read_record(path: Path, i: int, window: _Window) -> RolloutRecord:
+    """Row ``i`` of the file at ``path``, from a window that holds it."""
+    text = {k: window.ragged(k, i).tobytes().decode("utf-8") for k in _STRING_FIELDS}
+    tok = {k: window.ragged(k, i) for k in _TOKEN_FIELDS}
+    cols, j = window.cols, i - window.lo
     sample = Sample(
         sample_id=text["sample_id"],
         group_id=text["group_id"],
@@ -519,4 +559,4 @@ def _read_record(
         images=_images(tok["image_bytes"], tok["image_lengths"]),
     )
     trainer = tok["trainer_logprobs"].tolist() if cols["has_trainer_logprobs"][j] else None
-    return RolloutRecord(int(cols["step"][j]), sample, trainer, str(of.path), i)
+    return RolloutRecord(int(cols["step"][j]), sample, trainer, str(path), i)
