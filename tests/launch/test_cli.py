@@ -62,5 +62,7 @@ def test_usage_errors():
     assert loose.returncode == 2 and "expected key=value" in loose.stderr
     impossible = run("recipe=moe_grpo", "trainer.tensor_parallel=3", "--dry-run")
     assert impossible.returncode == 2 and "valid tensor_parallel values" in impossible.stderr
+    overlap = run("recipe=tiny_grpo", "eval.num_tasks=64", "--dry-run")  # 64 of its 121 sums: not held out
+    assert overlap.returncode == 2 and "set eval.allow_training_overlap=true" in overlap.stderr
     missing = run("status", "/nonexistent/run")
     assert missing.returncode == 2 and "not a run directory" in missing.stderr
