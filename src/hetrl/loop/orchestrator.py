@@ -42,7 +42,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
-from hetrl.control.comm import PeerTimeout, RoleContext, Tag, recv, send
+from hetrl.control.comm import PeerTimeout, RoleContext, Tag, naps, poll, send
 from hetrl.env.episodes import EpisodeItem, group_items
 from hetrl.env.registry import build_held_out_split
 from hetrl.env.tasks.base import TaskStream
@@ -229,17 +229,19 @@ class Orchestrator:
         """
         liveness.idle(f"waiting for {waiting_for}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            slice_s = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
-            try:
-                message, source, _ = recv(self.ctx.world, tag=Tag.RESULT, timeout_s=slice_s)
-                break
-            except PeerTimeout:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise PeerTimeout(f"waited {timeout_s:.0f} s for a result from any rank") from None
-            if self.monitor is not None:
-                self.monitor.poll()
-            self._check_push_deadline()
+        redraw_at = time.monotonic() + _POLL_S
+        pauses = naps()  # one wait: after its first second an idle orchestrator polls 50 times a second, not 500
+        while (got := poll(self.ctx.world, tag=Tag.RESULT)) is None:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise PeerTimeout(f"waited {timeout_s:.0f} s for a result from any rank")
+            if now >= redraw_at:
+                redraw_at = now + _POLL_S
+                if self.monitor is not None:
+                    self.monitor.poll()
+                self._check_push_deadline()
+            time.sleep(next(pauses) if deadline is None else min(next(pauses), max(0.0, deadline - now)))
+        message, source, _ = got
         liveness.busy(f"handling a result, then on with the loop (was waiting for {waiting_for})")
         if isinstance(message, RolloutDone):
             self._on_rollout(message, source)
