@@ -1,5 +1,6 @@
 """Algorithms that need the trainer's own models, run end to end through launch.py from the shared
-warm-started policy: PPO with its value model (tiny_ppo learns), and a KL folded into the reward."""
+warm-started policy: PPO with its value model (tiny_ppo learns), and a KL folded into the reward (it reaches
+the rewards the trainer uses)."""
 
 from __future__ import annotations
 
@@ -28,19 +29,30 @@ def test_tiny_ppo_learns(tmp_path, launch, warm_started_model):
     assert all(abs(row["advantage/mean"]) < 1e-4 for row in rows)  # whitened GAE
 
 
-def test_kl_in_the_reward_runs(tmp_path, launch, warm_started_model):
-    """algorithm.kl_in_reward: the trainer folds the KL to its reference model into per-token rewards."""
-    launch(
-        tmp_path,
+@pytest.mark.timeout(1800)  # two runs (and the shared warm start, if no test before built it) on a loaded machine
+def test_kl_in_the_reward_reaches_the_rewards(tmp_path, launch, warm_started_model):
+    """algorithm.kl_in_reward: the trainer takes kl_coef x KL to its reference from each response's reward,
+    checked against the same run without it. The first step's policy is its own reference (no penalty), so
+    both runs take the same first step and sample the same second batch: the same verifier rewards, from
+    which the trainer's rewards then differ by exactly the penalty it reports, and so does its update."""
+    common = (
         f"model.hf_checkpoint={warm_started_model}",
         "warm_start.steps=0",
         "run.steps=3",
         "run.prompts_per_step=4",
-        "algorithm.kl_in_reward=true",
-        "algorithm.kl_coef=0.01",
         "eval.num_tasks=4",
     )
-    rows = _metrics(tmp_path / "tiny_grpo")
-    assert len(rows) == 3
-    assert all("loss/kl" not in row for row in rows)  # in the reward, not in the loss
-    assert rows[-1]["approx_kl"] > 0  # the policy moved away from its reference
+    launch(tmp_path / "with_kl", *common, "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.01")
+    launch(tmp_path / "without", *common)
+    with_kl, without = (_metrics(tmp_path / run / "tiny_grpo") for run in ("with_kl", "without"))
+    assert len(with_kl) == len(without) == 3
+    assert all("loss/kl" not in row for row in with_kl)  # in the reward, not in the loss
+    assert all("reward/kl_penalty" not in row for row in without)
+    penalty = [row["reward/kl_penalty"] for row in with_kl]
+    assert penalty[0] == 0 and all(p > 0 for p in penalty[1:]), penalty
+    assert with_kl[1]["reward/mean"] == without[1]["reward/mean"]  # the same second batch
+    assert with_kl[1]["reward/shaped_mean"] < without[1]["reward/shaped_mean"]
+    assert with_kl[1]["reward/shaped_mean"] == pytest.approx(without[1]["reward/shaped_mean"] - penalty[1], abs=1e-6)
+    assert with_kl[0]["grad_norm"] == without[0]["grad_norm"] != 0  # the same first step, bit for bit
+    assert with_kl[1]["grad_norm"] != without[1]["grad_norm"]  # the same batch, other rewards: another update
+    assert with_kl[-1]["approx_kl"] > 0  # the policy moved away from its reference

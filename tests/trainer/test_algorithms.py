@@ -348,17 +348,19 @@ def test_ppo_gae_advantages_and_value_targets():
 def test_shape_rewards_overlong_and_kl():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     # L_max 4, buffer 2: lengths 3, 4 -> (2 - 3)/2 = -0.5, (2 - 4)/2 = -1
-    out = shape_rewards(_algo("dapo", overlong_buffer=2), torch.tensor([1.0, 1.0]), mask, max_tokens=4)
+    out, metrics = shape_rewards(_algo("dapo", overlong_buffer=2), torch.tensor([1.0, 1.0]), mask, max_tokens=4)
     torch.testing.assert_close(out, torch.tensor([0.5, 0.0]))
+    assert metrics == {"reward/shaped_mean": 0.25}
     with pytest.raises(ValueError, match="max_tokens"):
         shape_rewards(_algo("dapo", overlong_buffer=2), torch.tensor([1.0, 1.0]), mask)
     # k1 = 0.2 per token, beta 0.5: -0.1 per policy token, the score on the last one
     old = torch.zeros(1, 3)
     algo = _algo("reinforce_pp", kl_coef=0.5, kl_estimator="k1", kl_in_reward=True)
-    out = shape_rewards(
+    out, metrics = shape_rewards(
         algo, torch.tensor([1.0]), torch.tensor([[1.0, 1.0, 0.0]]), old_logprobs=old, ref_logprobs=old - 0.2
     )
     torch.testing.assert_close(out, torch.tensor([[-0.1, 0.9, 0.0]]))
+    assert metrics == pytest.approx({"reward/shaped_mean": 0.8, "reward/kl_penalty": 0.2})
     with pytest.raises(ValueError, match="ref_logprobs"):
         shape_rewards(algo, torch.tensor([1.0]), torch.ones(1, 3))
 

@@ -121,6 +121,18 @@ ADVANTAGE_MEAN = _spec(
 ADVANTAGE_STD = _spec(
     "advantage/std", "Std of advantages over policy tokens; 0 means no learning signal.", emitted_by="trainer"
 )
+REWARD_SHAPED_MEAN = _spec(
+    "reward/shaped_mean",
+    "Mean over the step's samples of the reward the trainer computed advantages from: reward/mean after the "
+    "algorithm's shaping (DAPO's overlong punishment, the KL penalty of algorithm.kl_in_reward), summed over tokens.",
+    emitted_by="trainer",
+)
+REWARD_KL_PENALTY = _spec(
+    "reward/kl_penalty",
+    "algorithm.kl_in_reward: mean over the step's samples of what the KL to the reference model took from a "
+    "response's reward, kl_coef times the sum of its tokens' KL estimates (0 while the policy is its reference).",
+    emitted_by="trainer",
+)
 LOSS_POLICY = _spec("loss/policy", "Policy-gradient (clipped surrogate) part of the loss.", emitted_by="trainer")
 LOSS_KL = _spec("loss/kl", "KL(policy || reference) penalty part of the loss, before kl_coef.", emitted_by="trainer")
 LOSS_ENTROPY = _spec("loss/entropy", "Entropy-bonus part of the loss, before entropy_coef.", emitted_by="trainer")

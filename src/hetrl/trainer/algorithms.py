@@ -233,13 +233,16 @@ def shape_rewards(
     ref_logprobs: Tensor | None = None,
     lengths: Tensor | None = None,
     max_tokens: int | None = None,
-) -> Tensor:
-    """Apply the config's reward shaping to the verifier scores ``[N]``.
+) -> tuple[Tensor, dict[str, float]]:
+    """Apply the config's reward shaping to the verifier scores ``[N]``; the rewards and their metrics.
 
     DAPO's soft overlong punishment when ``overlong_buffer > 0`` (``lengths`` default to the
     number of policy tokens; ``max_tokens`` is the generation budget), and the KL penalty when
-    ``kl_in_reward``: then the result is per-token ``[N, T]`` (``advantages.token_rewards``),
-    otherwise ``[N]``. Either form goes to :func:`compute_advantages`.
+    ``kl_in_reward``: then the rewards are per-token ``[N, T]`` (``advantages.token_rewards``),
+    otherwise ``[N]``. Either form goes to :func:`compute_advantages`. The metrics are read off the
+    returned rewards, so they show what the advantages will see: ``reward/shaped_mean`` (each
+    response's reward summed over its tokens, averaged) and, with the KL in the reward,
+    ``reward/kl_penalty`` (what the KL took from a response's reward, ``kl_coef * sum_t KL_t``, averaged).
     """
     shaped = scores.float()
     if algo.overlong_buffer > 0:
@@ -247,14 +250,17 @@ def shape_rewards(
             raise ValueError("algorithm.overlong_buffer > 0 needs max_tokens (the rollout generation budget)")
         lengths = mask.float().sum(-1) if lengths is None else lengths
         shaped = shaped + adv.overlong_penalty(lengths, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
-    if algo.kl_in_reward and algo.kl_coef > 0:
-        if old_logprobs is None or ref_logprobs is None:
-            raise ValueError(
-                "algorithm.kl_in_reward needs old_logprobs and ref_logprobs to fold the KL into the reward"
-            )
-        kl = losses.kl_estimate(old_logprobs.detach(), ref_logprobs.detach(), algo.kl_estimator)
-        return adv.token_rewards(shaped, mask, kl, algo.kl_coef)
-    return shaped
+    if not (algo.kl_in_reward and algo.kl_coef > 0):
+        return shaped, {names.REWARD_SHAPED_MEAN: float(shaped.mean())}
+    if old_logprobs is None or ref_logprobs is None:
+        raise ValueError("algorithm.kl_in_reward needs old_logprobs and ref_logprobs to fold the KL into the reward")
+    kl = losses.kl_estimate(old_logprobs.detach(), ref_logprobs.detach(), algo.kl_estimator)
+    rewards = adv.token_rewards(shaped, mask, kl, algo.kl_coef)
+    totals = rewards.sum(-1)
+    return rewards, {
+        names.REWARD_SHAPED_MEAN: float(totals.mean()),
+        names.REWARD_KL_PENALTY: float((shaped - totals).mean()),
+    }
 
 
 def _token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:

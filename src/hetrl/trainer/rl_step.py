@@ -79,11 +79,12 @@ def train_on_batch(
         values = [critic.compute_values(batch) for batch in batches] if critic is not None and not supervised else None
     progress()
     old_full = None if old is None else _stack(old, width)
+    reward_metrics: dict[str, float] = {}
     if supervised:
         advantages, returns = mask, None
     else:
         scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        rewards = shape_rewards(
+        rewards, reward_metrics = shape_rewards(
             algo,
             scores,
             mask,
@@ -109,7 +110,7 @@ def train_on_batch(
         progress()
     metrics = {key: sum(m[key] for m in per_step) / len(per_step) for key in per_step[0]}
     if not supervised:
-        metrics.update(advantage_metrics(advantages, mask))
+        metrics.update(advantage_metrics(advantages, mask), **reward_metrics)
     if policy.routing is not None and (disagree := policy.routing.take_disagreement()) is not None:
         metrics[names.ROUTING_DISAGREE_FRAC] = disagree
     return metrics, old_full
