@@ -13,6 +13,15 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# The run viewer's browser tests (tests/monitor/test_view_browser.py) drive Debian's headless chromium.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "install.sh: chromium or chromedriver is missing; the viewer's browser tests need them (apt-get install chromium chromium-driver)" >&2
+  fi
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 stamp=.venv/.hetrl-installed
 want=$(sha256sum pyproject.toml install.sh | sha256sum | cut -c1-16)

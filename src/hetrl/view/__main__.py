@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
 
+from hetrl.view import run_data
 from hetrl.view.app import build_app
 
 DEFAULT_PORT = 8765
@@ -50,6 +52,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     port = sock.getsockname()[1]
     print(f"[hetrl] viewing {args.run} at http://{args.host}:{port}/ (Ctrl-C stops)", flush=True)
+    threading.Thread(target=run_data.import_advantages, name="hetrl-view-import", daemon=True).start()
     uvicorn.Server(uvicorn.Config(build_app(args.run), log_level="warning")).run(sockets=[sock])
     return 0
 

@@ -249,6 +249,13 @@ def advantage_estimator(run: Path) -> str | None:
         return None
 
 
+def import_advantages() -> None:
+    """Import what :func:`group_advantages` needs (torch: seconds on a busy machine), so that the server
+    can do it in the background at start instead of in the first step a user opens."""
+    # lazy: torch, which the rest of the viewer never needs
+    from hetrl.trainer import advantages  # noqa: F401
+
+
 def group_advantages(rows: list[RolloutRow], estimator: str | None) -> dict[str, float | None]:
     """Each sample's advantage as the trainer forms it from the stored total rewards of its whole group
     (the group estimators grpo, grpo_no_std, rloo; before trainer-side shaping such as an overlong

@@ -3,7 +3,7 @@
 "use strict";
 
 const REFRESH_MS = 3000; // how often a page looks for new steps of a live run
-const FETCH_TIMEOUT_MS = 15000; // a request that takes longer is abandoned (and retried at the next refresh)
+const FETCH_TIMEOUT_MS = 120000; // a request that takes longer is abandoned (and retried at the next refresh)
 const GAP_FULL = 0.2; // |log pi_trainer - log pi_engine| drawn at full red: where PPO-style clipping (0.2) bites
 const SURPRISAL_FULL = 4.0; // -log p (nats) drawn at full blue
 
@@ -145,6 +145,7 @@ async function metrics(main) {
       title: name, width: 380, height: 190,
       cursor: { sync: { key: "steps" } },
       scales: { x: { time: false }, y: { range: yRange } },
+      axes: [{ incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000] }, {}], // whole steps
       series: [{ label: "step" }, { label: "raw", stroke: "#9ab", width: 1 }, { label: "smoothed", stroke: "#c33", width: 1.5 }],
     };
     return new uPlot(opts, series(name), el("div", { class: "chart", "data-metric": name }));
@@ -235,15 +236,24 @@ async function rollouts(main) {
           `${s} (${d.steps[s]})`)));
     }
     live(steps.length ? `${steps.length} steps stored · refreshing every ${REFRESH_MS / 1000} s` : "no rollouts yet");
-    if (state.step === null && steps.length) { state.step = steps[steps.length - 1]; await loadStep(); }
+    if (state.step === null && steps.length) state.step = steps[steps.length - 1];
+    if (state.step !== null && !state.shown) await loadStep(); // the first view, or one whose request failed
   }
   async function loadStep() {
+    // One request at a time; a click during one is served right after it, with the latest choice.
+    if (state.loading) { state.again = true; return; }
+    state.loading = true;
+    try {
+      do { state.again = false; state.shown = await drawStep(); } while (state.again);
+    } finally { state.loading = false; }
+  }
+  async function drawStep() {
     for (const div of stepsBox.querySelectorAll("div[data-step]")) div.className = Number(div.dataset.step) === state.step ? "current" : "";
     const q = new URLSearchParams();
     for (const [name] of FILTER_FIELDS) if (inputs[name].value !== "") q.set(name, inputs[name].value);
     q.set("groups", state.numGroups);
     const d = await api(`/api/step/${state.step}?${q}`);
-    if (!d) return;
+    if (!d) return false;
     fillSelect(inputs.task, d.tasks); fillSelect(inputs.flag, d.flags, true); fillSelect(inputs.finish, d.finishes);
     document.getElementById("counts").textContent =
       `step ${d.step}: ${d.num_shown} of ${d.num_samples} samples in ${d.num_groups} groups, worst group first` +
@@ -261,6 +271,7 @@ async function rollouts(main) {
       groupsBox.append(el("button", { id: "more-groups", onclick: () => { state.numGroups += GROUPS_PER_PAGE; loadStep(); } },
         `show ${Math.min(GROUPS_PER_PAGE, d.num_groups - d.groups.length)} more of ${d.num_groups - d.groups.length} groups`));
     }
+    return true;
   }
   async function openSample(row) {
     for (const m of groupsBox.querySelectorAll(".member")) m.classList.toggle("current", m.dataset.sample === row.sample_id);
