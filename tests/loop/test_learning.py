@@ -1,8 +1,11 @@
 """The embedded default learns: tiny_grpo's held-out reward rises well above the initial policy's in
 the warm start, and RL raises it again, in the sync and in the async schedule (minutes each: slow).
 
-The held-out figure is mean@8 at the training temperature over the same 64 tasks every time, so the
-two differences are paired: their noise is ~0.02, against gains of ~0.25 (warm start) and ~0.1 (RL).
+The held-out figure is mean@16 at the training temperature over the same 30 sums every time, sums
+carved out of training (RL and warm start alike), so the two differences are paired: their noise is
+~0.02 (480 samples), against gains of 0.254 (warm start) and, measured at 95c29fd, 0.067 (sync) and
+0.051 (async) for RL: on sums it never trained on RL gains less than the ~0.13 it gained on the
+trained ones, so its margin is two noise units.
 """
 
 import json
@@ -18,9 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.vllm]
 
 
 def assert_tiny_grpo_learned(summary: dict) -> None:
-    """The margins a tiny_grpo run must clear, wherever it ran (locally, or as a Slurm hetjob)."""
+    """The margins a tiny_grpo run must clear, wherever it ran (locally, or as a Slurm hetjob), on eval tasks that
+    training never saw."""
+    split = summary["held_out_split"]
+    assert split["reward_kind"] == "held-out" and split["num_removed"] > 0 and split["overlap_fraction"] == 0, split
     assert summary["eval_after_warm_start"] >= summary["eval_before"] + 0.15, summary
-    assert summary["eval_after"] >= summary["eval_after_warm_start"] + 0.05, summary  # RL's own gain
+    assert summary["eval_after"] >= summary["eval_after_warm_start"] + 0.04, summary  # RL's own gain
 
 
 def run_tiny_grpo(tmp_path, *overrides):
