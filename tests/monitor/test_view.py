@@ -203,7 +203,8 @@ def test_cli_prints_its_url_serves_and_warns_off_localhost(synthetic_run, tmp_pa
     proc.terminate()
     _, err = proc.communicate(timeout=30)
     assert "warning: binding 0.0.0.0" in err and "http://0.0.0.0:" in line
-    gone = subprocess.run(
-        [sys.executable, "-m", "hetrl.view", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60
-    )
-    assert gone.returncode == 2 and "no run directory" in gone.stderr
+    for command in (["-m", "hetrl.view"], [str(ROOT / "launch.py"), "view"]):  # launch.py view is the same command
+        gone = subprocess.run(
+            [sys.executable, *command, str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert gone.returncode == 2 and "no run directory" in gone.stderr, command

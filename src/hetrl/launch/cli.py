@@ -27,6 +27,7 @@ usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
        python launch.py status|logs|cancel RUN_DIR
        python launch.py eval [recipe=NAME] checkpoint=PATH [key=value ...] [--out FILE]
        python launch.py export RUN_DIR [step=N] out=DIR
+       python launch.py view RUN_DIR [--port N] [--host ADDR]
 
   recipe=NAME   a recipe under recipes/ (default tiny_grpo) or a path to a YAML file
   key=value     override any recipe key, e.g. nodes=128 trainer.tensor_parallel=4
@@ -39,6 +40,8 @@ usage: python launch.py [recipe=NAME] [key=value ...] [--dry-run]
   export        write a run's policy (its latest checkpoint, or RUN_DIR/checkpoints/step_N) to DIR
                 as an HF checkpoint with its tokenizer and chat template, whatever TP/PP layout it
                 trained in: transformers and vLLM load DIR as it is
+  view          serve a run's overview, metrics, rollouts and timeline to a browser at a printed
+                local URL (python -m hetrl.view), live while the run writes them
 """
 
 
@@ -53,6 +56,11 @@ def main(argv: list[str]) -> int:
         return eval_command(argv[1:], console)
     if argv and argv[0] == "export":
         return export_command(argv[1:], console)
+    if argv and argv[0] == "view":
+        # lazy: starlette and uvicorn, which only the viewer needs
+        from hetrl.view.__main__ import main as view_main
+
+        return view_main(argv[1:])
     flags = [a for a in argv if a.startswith("--")]
     unknown = [f for f in flags if f not in ("--dry-run", "--check")]
     if unknown:
