@@ -92,9 +92,11 @@ def _no_errors(browser: webdriver.Chrome, page: str) -> None:
     assert not banner.is_displayed(), f"{page}: {banner.text}"
 
 
-def _screenshot(browser: webdriver.Chrome, name: str) -> None:
+def _screenshot(browser: webdriver.Chrome, name: str, scroll_to: str | None = None) -> None:
     where = os.environ.get("HETRL_VIEWER_SCREENSHOTS")
     if where:
+        if scroll_to:
+            browser.execute_script(f"document.getElementById('{scroll_to}').scrollIntoView()")
         browser.save_screenshot(str(Path(where) / f"viewer_{name}.png"))
 
 
@@ -155,6 +157,7 @@ def test_rollout_filters_and_a_samples_tokens(browser, grpo_run):
         (record,) = RolloutReader(grpo_run).load([r for r in rows if r.sample_id == sample_id])
         assert len(tokens) == len(record.sample.completion_ids)
         assert "".join(t.text for t in tokens).replace("\n", "") == record.sample.completion_text.replace("\n", "")
+        _screenshot(browser, "sample", scroll_to="sample")
         gap_style = tokens[0].get_attribute("style")
         Select(browser.find_element(By.ID, "colour")).select_by_value("entropy")
         WebDriverWait(browser, WAIT_S).until(
@@ -187,7 +190,7 @@ def test_a_multi_turn_episode_shows_turn_by_turn(browser, tool_run):
         assert len(browser.find_elements(By.CSS_SELECTOR, "#turns .turn.policy")) >= 2
         assert "loss mask 0" in browser.find_element(By.CSS_SELECTOR, "#turns .turn.environment .who").text
         _no_errors(browser, "rollouts (tool)")
-        _screenshot(browser, "transcript")
+        _screenshot(browser, "transcript", scroll_to="sample")
 
 
 def test_an_episode_image_appears(browser, vlm_run):
@@ -197,7 +200,7 @@ def test_an_episode_image_appears(browser, vlm_run):
         image = _wait(browser, ".images img")[0]
         WebDriverWait(browser, WAIT_S).until(lambda b: b.execute_script("return arguments[0].naturalWidth", image) > 0)
         _no_errors(browser, "rollouts (vlm)")
-        _screenshot(browser, "image")
+        _screenshot(browser, "image", scroll_to="sample")
 
 
 def test_the_metrics_page_follows_a_live_run(browser, grpo_run, tmp_path):
