@@ -16,14 +16,15 @@ LAUNCH_TIMEOUT_S = 600
 
 # tiny_grpo's own warm start (32 supervised steps: the policy then answers in <answer></answer>
 # tags, so rewards vary within a group). run.steps cannot be 0: the one RL step it must take is
-# the smallest there is, at a learning rate that leaves the warm-started weights as they are.
+# the smallest there is, at a learning rate that leaves the warm-started weights as they are. The
+# recipe's eval.num_tasks stays: the demonstrations come from the training side of its held-out split,
+# so a run of seed 0 from this policy evaluates (on that draw or a prefix of it) what it never saw.
 WARM_START = [
     "run.name=warm_start",
     "run.steps=1",
     "run.prompts_per_step=1",
     "algorithm.group_size=2",
     "trainer.lr=1e-12",
-    "eval.num_tasks=1",
     "eval.k=1",
     "monitor.rollout_store.enabled=false",
 ]
