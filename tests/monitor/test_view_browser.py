@@ -141,11 +141,12 @@ def test_rollout_filters_and_a_samples_tokens(browser, grpo_run):
         assert shown == {r.sample_id for r in worst}
 
         browser.find_element(By.NAME, "worst").clear()
-        Select(browser.find_element(By.NAME, "finish")).select_by_value("length")
+        rarest = min({r.finish_reason for r in rows}, key=lambda f: sum(r.finish_reason == f for r in rows))
+        Select(browser.find_element(By.NAME, "finish")).select_by_value(rarest)
         browser.find_element(By.CSS_SELECTOR, "#filters button").click()
-        truncated = [r for r in rows if r.finish_reason == "length"]
+        finished = [r for r in rows if r.finish_reason == rarest]
         WebDriverWait(browser, WAIT_S).until(
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".member")) == len(truncated)
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".member")) == len(finished)
         )
 
         Select(browser.find_element(By.NAME, "finish")).select_by_value("")

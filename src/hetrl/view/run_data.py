@@ -328,10 +328,11 @@ def sample_detail(run: Path, step: int, sample_id: str, pieces: Callable[[list[i
 
     ``pieces`` turns token ids into their text (the run's tokenizer; None: show the ids)."""
     try:
-        rows = [r for r in _reader(run).rows(step) if r.sample_id == sample_id]
+        reader = _reader(run)
+        rows = [r for r in reader.rows(step) if r.sample_id == sample_id]
         if not rows:
             return {"missing": [f"rollouts: no sample {sample_id!r} in step {step}"]}
-        (record,) = _reader(run).load(rows[:1])
+        (record,) = reader.load(rows[:1])
     except STORE_ERRORS as err:
         return {"missing": [_store_error(err)]}
     return {**record_view(record, pieces), "missing": []}
@@ -393,8 +394,9 @@ def turns(tokens: list[dict]) -> list[dict]:
 def sample_image(run: Path, step: int, sample_id: str, k: int) -> bytes | None:
     """The ``k``-th image of a sample as PNG bytes (the store keeps PNGs), or None."""
     try:
-        rows = [r for r in _reader(run).rows(step) if r.sample_id == sample_id]
-        images = _reader(run).load(rows[:1])[0].sample.images if rows else []
+        reader = _reader(run)
+        rows = [r for r in reader.rows(step) if r.sample_id == sample_id]
+        images = reader.load(rows[:1])[0].sample.images if rows else []
     except STORE_ERRORS:
         return None
     return images[k] if 0 <= k < len(images) else None
