@@ -1,22 +1,23 @@
-"""Math verifications per second: hetrl's guarded ``MathVerifier`` vs math-verify called directly, same answers.
+"""Math verifications per second and agreement: hetrl's guarded ``MathVerifier`` vs math-verify called directly.
 
-A realistic mix, as a GRPO math run scores it: prompts in groups of 4 samples, each sample a long chain of
-thought (1.5-4k characters of reasoning with numbers and inline math) that ends in one final answer, boxed
-(85%) or stated in words ("The final answer is $X$.", "... we obtain $X$, as claimed."). Answers are
-integers, fractions and decimals, numbers with units, matrices (some written as a scalar times a matrix),
-sets, intervals, tuples and equations; about 60% right, in varied but equivalent forms, the rest wrong.
+The answers: tests/reward/data/math_corpus.jsonl (made by math_corpus.py beside it, issue 37): gold answers from
+reasoning-gym's math tasks and math-verify's few-shot answers, paired with predictions in the forms models write
+(LaTeX and plain, units, thousands and decimal commas, rounded decimals, intervals and inequalities, matrices,
+equations rescaled or solved, renamed function variables, worked answers), each with the verdict its
+generator decided. The corpus, shuffled, is cut into rounds: every answer is verified once by each contender, so
+no verdict is cached from an earlier round.
 
 Contender: ``MathVerifier`` (guards on, 1 deadline worker, its verdict cache), called from one thread.
 Baseline: ``verify(parse(gold), parse(completion))`` in the main thread with math-verify's own signal timeouts.
-Each round is fresh answers (no verdict cached from an earlier one), both contenders on the same round, their
-order alternating; the headline is the ratio of the median throughputs. Agreement: how often hetrl's verdict
-is math-verify's; the guards' rejections (false positives math-verify accepts) are counted apart. Printed
-beside it: the same race on the answers only sympy can judge (hetrl's worker path), where the contender
-pays for its deadline process.
+Both contenders on the same round, their order alternating; the headline is the ratio of the median
+throughputs. Agreement: each contender's verdicts against the expected ones, per category, and hetrl's against
+math-verify's. Printed beside it: the throughput on the answers only sympy can judge (hetrl's worker path), where
+the contender pays for its deadline process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -31,151 +32,111 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 from math_verify import parse, verify  # noqa: E402
 
-from hetrl.reward.math_answers import MathVerifier, find_answer, quick_verdict  # noqa: E402
+from hetrl.reward.math_answers import TIMEOUT, MathVerifier, find_answer, quick_verdict  # noqa: E402
 
 ROUNDS = 7
-PROMPTS = 40  # per round
-GROUP = 4  # samples per prompt
-WORDS = (
-    "we compute the sum of terms and note that by symmetry each factor contributes equally so the remaining "
-    "case follows from the previous step after we substitute back into the original equation"
-).split()
-UNITS = ("\\text{ cm}", "\\text{ miles}", "\\textnormal{ km}", "\\text{ cm}^2", "\\mbox{ kg}", " \\text{dollars}")
+CORPUS = os.path.join(HERE, "..", "tests", "reward", "data", "math_corpus.jsonl")
 
 
-def chain_of_thought(rng: random.Random) -> str:
-    lines = []
-    while sum(map(len, lines)) < rng.randint(1500, 4000):
-        a, b, c = rng.randint(2, 99), rng.randint(2, 9), rng.randint(1, 50)
-        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20)))
-        math = f"$x = {a} \\cdot \\frac{{{b}}}{{{b + 1}}} + {c}$"
-        lines.append(f"{words.capitalize()}, so {math} and the count is {a + c}.")
-    return "\n".join(lines)
-
-
-def matrix(entries: list[int], env: str = "pmatrix") -> str:
-    return f"\\begin{{{env}}}{entries[0]}&{entries[1]}\\\\{entries[2]}&{entries[3]}\\end{{{env}}}"
-
-
-def problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
-    """(reference, right answers in equivalent forms, wrong answers) of one prompt."""
-    kind = rng.choices(
-        ["integer", "fraction", "decimal", "units", "matrix", "set", "interval", "tuple", "equation"],
-        [30, 12, 6, 14, 10, 9, 9, 5, 5],
-    )[0]
-    n, m = rng.randint(2, 500), rng.randint(2, 40)
-    if kind == "integer":
-        return str(n), [str(n)], [str(n + rng.randint(1, 9)), str(-n)]
-    if kind == "fraction":
-        b = rng.choice([4, 5, 8, 3, 7])
-        a = rng.choice([k for k in range(1, 3 * b) if k % b and all(k % p or b % p for p in (2, 3, 5, 7))])
-        right = [f"\\frac{{{a}}}{{{b}}}", f"\\dfrac{{{a}}}{{{b}}}", f"{a}/{b}"]
-        right += [str(a / b)] if b in (4, 5, 8) else []  # a terminating decimal
-        return f"\\frac{{{a}}}{{{b}}}", right, [f"\\frac{{{a + 1}}}{{{b}}}", f"\\frac{{{b}}}{{{a}}}"]
-    if kind == "decimal":
-        value = n / 4
-        return str(value), [str(value), f"\\frac{{{n}}}{{4}}"], [str(value + 0.5)]
-    if kind == "units":
-        return str(n), [f"{n}{rng.choice(UNITS)}", str(n)], [f"{n + 1}{rng.choice(UNITS)}"]
-    if kind == "matrix":
-        entries = [rng.randint(-9, 9) for _ in range(4)]
-        doubled, plus_one = [2 * e for e in entries], [e + 1 for e in entries]
-        right = [matrix(doubled), matrix(doubled, "bmatrix"), f"2{matrix(entries)}"]
-        return matrix(doubled), right, [matrix(plus_one), matrix(entries)]
-    if kind == "set":
-        roots = rng.sample(range(-20, 21), 3)
-        shuffled = rng.sample(roots, 3)
-        wrong = [roots[0], roots[1], roots[2] + 1]
-        listed = ", ".join(map(str, shuffled))
-        return ", ".join(map(str, roots)), [listed, f"\\{{{listed}\\}}"], [", ".join(map(str, wrong))]
-    if kind == "interval":
-        lo, hi = sorted(rng.sample(range(-20, 21), 2))
-        return f"[{lo}, {hi})", [f"[{lo},{hi})", f"x \\in [{lo}, {hi})"], [f"({lo}, {hi}]", f"[{lo}, {hi + 1})"]
-    if kind == "tuple":
-        return f"({n}, {m})", [f"({n},{m})"], [f"({m}, {n})"]
-    return f"y = {m}x + {n}", [f"y={m}x+{n}", f"y = {n} + {m}x"], [f"y = {m}x - {n}"]
-
-
-def completion(rng: random.Random, answer: str) -> str:
-    body, style = chain_of_thought(rng), rng.random()
-    if style < 0.85:
-        return f"{body}\nTherefore the answer is $\\boxed{{{answer}}}$."
-    if style < 0.95:
-        return f"{body}\nThe final answer is ${answer}$."
-    return f"{body}\nPutting it together, we obtain ${answer}$, as claimed."
-
-
-def make_round(seed: int) -> list[tuple[str, str]]:
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(PROMPTS):
-        gold, right, wrong = problem(rng)
-        favourite = rng.choice(right)  # a policy tends to write its answer one way
-        for _ in range(GROUP):
-            right_answer = favourite if rng.random() < 0.7 else rng.choice(right)
-            answer = right_answer if rng.random() < 0.6 else rng.choice(wrong)
-            cases.append((completion(rng, answer), gold))
-    return cases
+def load_rounds() -> list[list[dict]]:
+    """The corpus, shuffled (seeded), cut into ``ROUNDS`` rounds of different answers."""
+    with open(CORPUS) as f:
+        items = [json.loads(line) for line in f]
+    random.Random(0).shuffle(items)
+    return [items[i::ROUNDS] for i in range(ROUNDS)]
 
 
 def bare(completion_text: str, gold: str) -> bool:
     return verify(parse(f"${gold}$"), parse(completion_text))
 
 
-def timed(fn, cases) -> tuple[float, list]:
-    start = time.perf_counter()
-    verdicts = [fn(c, g) for c, g in cases]
-    return len(cases) / (time.perf_counter() - start), verdicts
+TIMEOUTS = Counter()  # hetrl's verdicts lost to its deadline (math/timeout): a loaded machine's, not the answer's
 
 
-def race(verifier: MathVerifier, rounds: list[list[tuple[str, str]]]) -> tuple[list[float], list[float], list]:
-    """Both contenders on each round, their order alternating: (hetrl rates, math-verify rates, verdict pairs)."""
-    ours, theirs, pairs = [], [], []
-    for i, cases in enumerate(rounds):
+def timed(fn, items: list[dict]) -> tuple[list[float], list]:
+    """(seconds per call, verdicts as booleans), calls in corpus order."""
+    seconds, verdicts = [], []
+    for item in items:
+        start = time.perf_counter()
+        verdict = fn(item["prediction"], item["gold"])
+        seconds.append(time.perf_counter() - start)
+        if not isinstance(verdict, bool):
+            TIMEOUTS[item["category"]] += TIMEOUT in verdict.flags
+            verdict = verdict.correct
+        verdicts.append(verdict)
+    return seconds, verdicts
+
+
+def race(verifier: MathVerifier, rounds: list[list[dict]]) -> tuple[list, list]:
+    """Both contenders on each round, their order alternating: per round, each one's (seconds, verdicts)."""
+    ours, theirs = [], []
+    for i, items in enumerate(rounds):
         contenders = [("hetrl", verifier.verify), ("bare", bare)]
-        results = {name: timed(fn, cases) for name, fn in (contenders if i % 2 == 0 else contenders[::-1])}
-        ours.append(results["hetrl"][0])
-        theirs.append(results["bare"][0])
-        pairs += zip(results["hetrl"][1], results["bare"][1])
-    return ours, theirs, pairs
+        results = {name: timed(fn, items) for name, fn in (contenders if i % 2 == 0 else contenders[::-1])}
+        ours.append(results["hetrl"])
+        theirs.append(results["bare"])
+    return ours, theirs
 
 
-def rates(name: str, values: list[float]) -> str:
-    return f"{name} {statistics.median(values):7.1f} verifications/s (rounds: {', '.join(f'{x:.0f}' for x in values)})"
+def rate(runs: list, rounds: list[list[dict]], keep=lambda item: True) -> list[float]:
+    """Verifications per second of each round, over the items ``keep`` selects."""
+    out = []
+    for (seconds, _), items in zip(runs, rounds):
+        kept = [s for s, item in zip(seconds, items) if keep(item)]
+        out.append(len(kept) / sum(kept))
+    return out
+
+
+def agreement(runs: list, rounds: list[list[dict]]) -> Counter:
+    """Per category (and "all"): verdicts equal to the expected ones."""
+    out = Counter()
+    for (_, verdicts), items in zip(runs, rounds):
+        for verdict, item in zip(verdicts, items):
+            hit = verdict == item["expected"]
+            out[item["category"]] += hit
+            out["all"] += hit
+    return out
+
+
+def warm_up(verifier: MathVerifier) -> None:
+    """Worker start-up and first parses, untimed, on answers the corpus does not hold."""
+    for prediction, gold in [(r"\boxed{x^2 + 2}", "x^2+1"), (r"\boxed{\frac{1}{7}}", "0.142857"), ("So 3.", "[1, 2]")]:
+        verifier.verify(prediction, gold)
+        bare(prediction, gold)
 
 
 def main() -> None:
-    rounds = [make_round(i) for i in range(ROUNDS)]
-    in_process = sum(quick_verdict(find_answer(c), g) is not None for cases in rounds for c, g in cases)
-    # the answers only sympy can judge, apart: fresh ones, so that no verdict is cached yet
-    hard = [[(c, g) for c, g in make_round(1000 + i) if quick_verdict(find_answer(c), g) is None] for i in range(3)]
+    rounds = load_rounds()
+    items = [item for r in rounds for item in r]
+    in_process = {item["id"] for item in items if quick_verdict(find_answer(item["prediction"]), item["gold"])}
     verifier = MathVerifier(timeout_s=5.0, workers=1)
     try:
-        race(verifier, [make_round(10_000)])  # worker start-up and first parses, untimed, on answers no round reuses
-        guarded, baseline, pairs = race(verifier, rounds)
-        hard_guarded, hard_baseline, _ = race(verifier, hard)
+        warm_up(verifier)
+        ours, theirs = race(verifier, rounds)
     finally:
         verifier.close()
-    same = sum(ours.correct == theirs for ours, theirs in pairs)
-    guards = Counter("/".join(ours.flags) for ours, theirs in pairs if theirs and not ours.correct and ours.flags)
-    total = len(pairs)
+    total = len(items)
+    print(f"{total} corpus answers in {ROUNDS} rounds; {len(in_process) / total:.0%} decided in process")
+    mine, bases = agreement(ours, rounds), agreement(theirs, rounds)
+    counts = Counter(item["category"] for item in items)
+    print("agreement with the expected verdicts, per category (hetrl / math-verify / answers):")
+    for category in sorted(counts):
+        print(f"  {category:20s} {mine[category]:4d} / {bases[category]:4d} / {counts[category]}")
+    same = sum(a == b for (_, x), (_, y) in zip(ours, theirs) for a, b in zip(x, y))
     print(
-        f"{ROUNDS} rounds of {PROMPTS * GROUP} verifications ({PROMPTS} prompts x {GROUP} samples), fresh answers; "
-        f"{in_process / total:.0%} decided in process"
+        f"agreement: hetrl {mine['all']}/{total}, math-verify {bases['all']}/{total}; hetrl with math-verify "
+        f"{same}/{total}; hetrl verdicts lost to its 5 s deadline: {sum(TIMEOUTS.values())} {dict(+TIMEOUTS)}"
     )
-    print(rates("hetrl MathVerifier (guards, 1 worker):", guarded))
-    print(rates("math-verify parse+verify (direct):    ", baseline))
-    print(
-        f"agreement with math-verify: {same}/{total} = {same / total:.1%}; guards rejecting what math-verify "
-        f"accepts: {dict(guards) or 0}; other differences: {total - same - sum(guards.values())}"
-    )
-    n_hard = sum(map(len, hard))
-    print(
-        f"answers needing sympy only ({n_hard} in 3 rounds): hetrl {statistics.median(hard_guarded):.1f}/s vs "
-        f"math-verify {statistics.median(hard_baseline):.1f}/s "
-        f"({statistics.median(hard_guarded) / statistics.median(hard_baseline):.2f}x)"
-    )
-    print(f"math_verify: {statistics.median(guarded) / statistics.median(baseline):.2f}x (goal >= 1.0x)")
+    fast, slow = rate(ours, rounds), rate(theirs, rounds)
+    print(f"hetrl MathVerifier (guards, 1 worker): {statistics.median(fast):7.1f} verifications/s")
+    print(f"math-verify parse+verify (direct):     {statistics.median(slow):7.1f} verifications/s")
+
+    def hard(item: dict) -> bool:
+        return item["id"] not in in_process
+
+    hard_ratio = statistics.median(rate(ours, rounds, hard)) / statistics.median(rate(theirs, rounds, hard))
+    print(f"answers needing sympy only ({total - len(in_process)}): hetrl / math-verify {hard_ratio:.2f}x")
+    print(f"math_verify: {statistics.median(fast) / statistics.median(slow):.2f}x (goal >= 1.0x)")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ Guards, each with a named flag, for false positives that math-verify alone accep
   must also agree to a RELATIVE tolerance -> otherwise ``math/tolerance_false_positive``. A decimal answer of
   magnitude >= 1e-4 keeps math-verify's 6-decimal rounding (``0.333333`` for 1/3, ``0.000916`` for 15/16384):
   there it compares at least 3 significant digits.
+
+Forms math-verify misreads are read as they are meant (hetrl.reward.math_forms): a decimal comma where the
+reference is one value, an inequality chain for an interval, ``f(t) = ...`` for ``f(x) = ...``, a trailing
+variable its unit removal would drop, the full stop after ``7/20.``.
 """
 
 from __future__ import annotations
