@@ -38,12 +38,6 @@ def grpo_run(tmp_path_factory, warm_started_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tool_run(tmp_path_factory) -> Path:
-    """tiny_tool_grpo (multi-turn, a calculator tool): 2 steps."""
-    return _launch(tmp_path_factory.mktemp("view_tool"), "tiny_tool_grpo", "run.steps=2")
-
-
-@pytest.fixture(scope="session")
 def vlm_run(tmp_path_factory) -> Path:
     """tiny_vlm_grpo (an image in every prompt), no warm start: 2 steps of 2 prompts x 4 samples."""
     return _launch(
