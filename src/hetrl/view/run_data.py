@@ -344,6 +344,7 @@ def record_view(record: RolloutRecord, pieces: Callable[[list[int]], list[str] |
     trainer = record.trainer_logprobs
     gap = token_log_ratio(s.logprobs, trainer).tolist() if trainer is not None else None
     texts = pieces(s.completion_ids)
+    policy_versions = [v for v in s.versions if v >= 0]  # an observation token has none (-1)
     tokens = [
         {
             "id": tid,
@@ -372,7 +373,7 @@ def record_view(record: RolloutRecord, pieces: Callable[[list[int]], list[str] |
         "finish": s.finish_reason,
         "num_turns": s.num_turns,
         "num_tool_calls": s.num_tool_calls,
-        "versions": [min(s.versions, default=-1), max(s.versions, default=-1)],
+        "versions": [min(policy_versions, default=-1), max(policy_versions, default=-1)],
         "answer": s.answer,
         "info": s.info,
         "num_images": len(s.images),
