@@ -17,11 +17,12 @@ def _metrics(run_dir) -> list[dict]:
 
 def test_tiny_ppo_learns(tmp_path, launch, warm_started_model):
     """PPO's critic starts from the policy and learns the returns; the held-out reward rises as tiny_grpo's does
-    (measured: 0.252 -> 0.383 in 25 steps; mean@8 over 64 paired tasks has noise ~0.02)."""
+    (measured on the 30 held-out sums, mean@16: 0.254 -> 0.309 in 25 steps; the margin is test_learning's, two
+    noise units of that paired mean)."""
     launch(tmp_path, f"model.hf_checkpoint={warm_started_model}", "warm_start.steps=0", recipe="tiny_ppo")
     run_dir = tmp_path / "tiny_ppo"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["eval_after"] >= summary["eval_before"] + 0.05, summary
+    assert summary["eval_after"] >= summary["eval_before"] + 0.04, summary
     rows = _metrics(run_dir)
     assert len(rows) == 25 and all(row["critic/grad_norm"] > 0 and row["loss/value"] > 0 for row in rows)
     early, late = (sum(row["loss/value"] for row in part) / len(part) for part in (rows[:5], rows[-5:]))
