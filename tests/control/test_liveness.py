@@ -146,30 +146,17 @@ def test_a_start_beyond_the_start_timeout_is_named_alone(tmp_path, watchdog):
     assert "monitor.start_timeout_s=300 s" in liveness.handle_hang(watchdog, [stuck])
 
 
-def test_a_starting_rank_that_stopped_answering_is_named_after_the_start_timeout(tmp_path, watchdog):
+def test_a_starting_rank_that_stopped_answering_is_named_after_the_hang_timeout(tmp_path, watchdog):
+    """Its beacon thread beats through a slow start, so silence means frozen or gone: a rank frozen a beat
+    after its start (its record still says starting) is named at the hang timeout, not the start timeout."""
     _write(tmp_path, 0, "trainer", beat_age=1, progress_age=1, state="idle")
-    _write(
-        tmp_path,
-        1,
-        "rollout",
-        beat_age=100,
-        progress_age=100,
-        state="starting",
-        activity="starting the generation engine",
-    )
+    starting = dict(state="starting", activity="starting the generation engine")
+    _write(tmp_path, 1, "rollout", beat_age=TIMEOUT_S - 10, progress_age=TIMEOUT_S - 10, **starting)
     _write(tmp_path, 2, "orchestrator", beat_age=1, progress_age=1, state="idle")
     assert watchdog.check() == []
-    _write(
-        tmp_path,
-        1,
-        "rollout",
-        beat_age=301,
-        progress_age=301,
-        state="starting",
-        activity="starting the generation engine",
-    )
+    _write(tmp_path, 1, "rollout", beat_age=TIMEOUT_S + 10, progress_age=TIMEOUT_S + 10, **starting)
     (stuck,) = watchdog.check()
-    assert stuck.rank == 1 and "stopped answering 301 s ago" in stuck.why
+    assert stuck.rank == 1 and f"stopped answering {TIMEOUT_S + 10:.0f} s ago" in stuck.why
 
 
 def test_a_rank_is_starting_until_its_first_busy_or_idle(tmp_path):

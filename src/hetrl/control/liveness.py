@@ -278,7 +278,10 @@ class Watchdog:
             # A record is a snapshot: a rank frozen a beat after its last tick shows a progress older than
             # its beat, so it looks stalled before it looks silent. Once the job is stuck, a beacon that
             # missed two beats is the better explanation: it stopped answering.
-            if now - beat.beat > bound or (stalled_too and now - beat.beat > 2 * self.poll_s):
+            # Silence is judged against the hang timeout whatever the state: the beacon thread beats through
+            # a slow start too, so a rank that stopped beating is frozen or gone (a rank frozen a beat after
+            # its start would otherwise be given the whole start timeout).
+            if now - beat.beat > self.timeout_s or (stalled_too and now - beat.beat > 2 * self.poll_s):
                 silent.append(
                     Stuck(
                         rank,
