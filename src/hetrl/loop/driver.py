@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 def eval_tasks(cfg: HetrlConfig) -> list[tuple[Any, int]]:
     """The run's fixed held-out draw (hetrl.env.tasks.split), without building the training side."""
-
     return build_held_out(cfg.env, seed=cfg.run.seed, num_tasks=cfg.eval.num_tasks)
 
 
@@ -47,7 +46,6 @@ def demonstrations(
     cfg: HetrlConfig, codec: Any, tokenizer: Any, count: int, stream: Any, step: int
 ) -> list[list[Sample]]:
     """Warm-start demonstrations: the environment's own prompt (images included), the reference answer as completion."""
-
     env = build_env(cfg.env, sandbox=cfg.reward.sandbox)
     groups = []
     for index in range(count):
@@ -156,7 +154,6 @@ def reward_line(cfg: HetrlConfig, summary: dict[str, Any], kind: str) -> str:
 
 def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_out: list[tuple[Any, int]]) -> None:
     """One RL step of the recipe's schedule: collect a batch (topping up generation), train, log."""
-
     max_lag = orch.staleness_bound()  # fixed, or where the adaptive bound stands after the previous step
     target = orch.dispatch_target(max_lag)
     t0 = time.time()

@@ -191,7 +191,6 @@ class EnvServer:
 
 def run_env(ctx: RoleContext, cfg: HetrlConfig) -> None:
     """The env rank's main: serve until every rollout rank has left."""
-
     crash = Countdown(env_faults(os.environ.get(ENV_FAULT_VAR)), "env", ctx.assignment.role_rank, "env_crash")
     asyncio.run(EnvServer(ctx, env_factory(cfg.env, sandbox=cfg.reward.sandbox), crash).run())
 

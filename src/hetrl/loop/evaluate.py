@@ -105,13 +105,11 @@ def _shape_of(config: dict[str, Any]) -> dict[str, Any]:
 
 def _recipe_config(model: ModelConfig) -> dict[str, Any]:
     """The HF config a recipe's ``model:`` describes, as a dict (a vision-language one nested as HF saves it)."""
-
     return hf_config(model).to_dict() if model.is_vlm else hf_config_dict(model)
 
 
 def check_model_shape(model: ModelConfig, found: dict[str, Any], where: str) -> None:
     """Raise if the HF config dict ``found`` (from ``where``) describes other shapes than ``model``."""
-
     expected, actual = _shape_of(_recipe_config(model)), _shape_of(found)
     wrong = [
         f"{key}: recipe {expected[key]}, checkpoint {actual[key]}"
@@ -147,7 +145,6 @@ def _check_trainer_checkpoint_shape(cfg: HetrlConfig, step_dir: Path) -> None:
 
 def eval_sampling(cfg: HetrlConfig, eos_token_id: int) -> SamplingParams:
     """The loop's eval sampling, from the one definition the orchestrator uses too."""
-
     return sampling_for(cfg, "eval", eos_token_id)
 
 
@@ -155,7 +152,6 @@ async def _run_episodes(
     engine: Any, cfg: HetrlConfig, codec: Any, tasks: list[tuple[Any, int]], sampling: SamplingParams
 ) -> list[Sample]:
     """Every held-out episode at once on one engine; ids and seeds as the orchestrator makes them."""
-
     make_env = env_factory(cfg.env, sandbox=cfg.reward.sandbox)
     waiting: dict[str, asyncio.Future] = {}
     request_ids = itertools.count()
@@ -230,7 +226,6 @@ def evaluate_hf(cfg: HetrlConfig, hf_dir: Path, tasks: list[tuple[Any, int]]) ->
 def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Path | None = None) -> EvalReport:
     """Evaluate ``checkpoint`` on the recipe's held-out tasks; write the report to ``out`` (default: into the checkpoint
     dir)."""
-
     kind, path = resolve_checkpoint(checkpoint)
     if kind == "hf":
         check_model_shape(cfg.model, json.loads((path / "config.json").read_text()), str(path))

@@ -417,7 +417,6 @@ class Orchestrator:
 
         It scores the current policy: it starts once every engine serves the current version.
         """
-
         while min(self.serving.values()) < self.version:  # an engine that refused the push is being sent it again
             self.pump(f"every engine to serve v{self.version}", timeout_s=600)
         self.dispatch(self.new_groups(tasks_with_seeds, self.cfg.eval.k, "eval"), "eval")

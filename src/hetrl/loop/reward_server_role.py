@@ -90,7 +90,6 @@ class ServeClientDone:
 
 def load_served_models(cfg: HetrlConfig, policy_dir: Path) -> dict[str, Any]:
     """The models this server holds, by name ("judge": JudgeEngine, "reward_model": RewardModelScorer)."""
-
     models: dict[str, Any] = {}
     reward = cfg.reward
     if JUDGE in reward.served_models:

@@ -288,7 +288,6 @@ def _push_weights(
     or went away) is reported to the orchestrator, which knows which engines had not answered
     and names them as it stops the job.
     """
-
     bucket_bytes = cfg.rollout.weight_sync_bucket_bytes(on_gpu=trainer.groups.device.type == "cuda")
     buckets = iter_hf_weight_buckets(trainer.module, cfg.model.vocab_size, bucket_bytes=bucket_bytes)
     liveness.busy(f"pushing weights v{version} to the engines")

@@ -74,7 +74,6 @@ class ValueTrainer:
     def load_initial_weights(self, init: str, policy_hf_dir: str | Path) -> None:
         """Start from ``critic.init``: the policy's HF checkpoint (body only), an HF token-classification
         checkpoint (body and ``score`` head), or the fresh draw (``fresh``). Collective over the trainer ranks."""
-
         if init == "fresh":
             return
         if init == "policy":

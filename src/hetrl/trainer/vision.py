@@ -73,7 +73,6 @@ def image_spec(model_cfg: ModelConfig) -> ImageSpec | None:
     The placeholder id is the checkpoint's (``model.hf_checkpoint``), else the character tokenizer's
     ``<image>`` (what ``hetrl.models.hf`` writes as a random-init LLaVA's ``image_token_index``).
     """
-
     if model_cfg.vision is None:
         return None
     return ImageSpec(image_token_id(model_cfg), model_cfg.vision.tokens_per_image, model_cfg.vision.image_size)
@@ -151,7 +150,6 @@ def _image_processor(image_size: int):  # -> transformers CLIPImageProcessor
 
 def pixel_values(images: Sequence[Any], spec: ImageSpec) -> Tensor:
     """``[n, 3, S, S]`` float32 pixel values of PIL images or encoded bytes (``hetrl.models.images.to_pil``)."""
-
     if not images:
         return torch.zeros(0, 3, spec.image_size, spec.image_size)
     out = _image_processor(spec.image_size)(images=[to_pil(image) for image in images], return_tensors="pt")[
