@@ -12,7 +12,7 @@ import pytest
 from hetrl.control.plan import RankAssignment
 from hetrl.launch.worker import _keeps_freed_memory
 
-# Eight "steps", each allocating blocks of 48, 12, 36, 4 and 24 MB (activations of mixed sizes, the
+# Twelve "steps", each allocating blocks of 48, 12, 36, 4 and 24 MB (activations of mixed sizes, the
 # largest over glibc's mmap threshold) and freeing them together; prints each step's minor page faults.
 _PROBE = """
 import json, resource, sys
@@ -21,7 +21,7 @@ if sys.argv[1] == "keep":
     from hetrl.launch.worker import _keep_freed_memory
     _keep_freed_memory()
 faults = []
-for _ in range(8):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     blocks = [torch.ones(n << 20) for n in (12, 3, 9, 1, 6)]
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -38,8 +38,10 @@ def _faults_by_step(mode: str) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_steps_freed_blocks_are_reused_without_page_faults() -> None:
     default, kept = _faults_by_step("default"), _faults_by_step("keep")
-    assert min(default[-3:]) > (124 << 20) // 4096 // 10  # glibc unmapped the large blocks: they fault in again
-    assert sum(kept[-3:]) < sum(default[-3:]) // 10  # the heap settles within a few steps, then is reused
+    # glibc's dynamic mmap threshold makes its own reuse vary from step to step (some steps fault
+    # nothing, others a whole step's blocks), so the last six steps are compared as a whole
+    assert sum(default[-6:]) > (124 << 20) // 4096  # glibc unmapped large blocks: over a step's worth faults in again
+    assert sum(kept[-6:]) < sum(default[-6:]) // 10  # the heap settles (in 4-7 steps), then is reused
 
 
 @pytest.mark.parametrize(
