@@ -159,7 +159,7 @@ def trainer_reply(work, rng: np.random.Generator):
     logprobs = [(-rng.exponential(0.3, len(s.completion_ids))).astype(np.float32) for s in work.samples]
     if isinstance(work, OldTrainWork):
         return OldTrainDone(work.step, STEP + 1, step_metrics(), [lp.tolist() for lp in logprobs])
-    from hetrl.loop.work import TrainDone
+    from hetrl.control.protocol import TrainDone
 
     return TrainDone(work.step, STEP + 1, step_metrics(), logprobs)
 
@@ -229,7 +229,7 @@ def per_step(measured: dict, num_sends: int) -> tuple[int, float]:
 
 def orchestrator(world, args) -> None:
     from hetrl.control.comm import Tag, flush_sends, send
-    from hetrl.loop.work import TrainWork
+    from hetrl.control.protocol import TrainWork
 
     cfg, plans = recipe_plans()
     samples = synthetic_batch(cfg, args.length_scale)

@@ -35,6 +35,16 @@ class SamplingParams:
 
 
 @dataclass
+class EpisodeItem:
+    """One episode to run: ``group_size`` items share a ``group_id`` (the same task)."""
+
+    sample_id: str
+    group_id: str
+    task: Any  # hetrl.env.base.Task
+    seed: int
+
+
+@dataclass
 class GenerationRequest:
     """One prompt sent to an engine; ``request_id`` is unique per run."""
 
@@ -125,3 +135,13 @@ class Sample:
         """Oldest weight version among the policy tokens (-1 when there are none)."""
         policy_versions = [v for v, m in zip(self.versions, self.loss_mask) if m]
         return min(policy_versions) if policy_versions else -1
+
+
+def id_order(sample_id: str) -> tuple[str, int, int]:
+    """Sort key of a sample id ``<purpose letter><group number>.<index>``: creation order.
+
+    Samples arrive in completion order, which varies from run to run; whatever sums over them
+    (advantages, losses, metrics) must see them in this order for a run to be reproducible.
+    """
+    group, _, index = sample_id.partition(".")
+    return group[0], int(group[1:]), int(index or 0)

@@ -24,11 +24,11 @@ import pytest
 
 from hetrl.config.loader import ConfigError, load_config
 from hetrl.config.loop import ScheduleConfig
+from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork
 from hetrl.loop import faults
 from hetrl.loop import orchestrator as orchestrator_module
 from hetrl.loop.orchestrator import Orchestrator, _Ledger
 from hetrl.loop.staleness import AdaptiveBound, build_adaptive_bound, fixed_bound, look_ahead
-from hetrl.loop.work import RewardDone, RolloutDone, RolloutWork
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
 from hetrl.records import Sample

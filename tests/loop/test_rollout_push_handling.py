@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hetrl.control.protocol import MemoryReleased, PushRefused, ReleaseMemory, ServingWeights, SyncWeights
 from hetrl.loop import rollout_role
 from hetrl.loop.rollout_role import RolloutWorker
-from hetrl.loop.work import MemoryReleased, PushRefused, ReleaseMemory, ServingWeights, SyncWeights
 from hetrl.transport.weights import StagedWeights, shared_memory
 
 

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork
 from hetrl.loop import orchestrator as orchestrator_module
 from hetrl.loop.orchestrator import Orchestrator, _Ledger
-from hetrl.loop.work import RewardDone, RolloutDone, RolloutWork
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
 from hetrl.records import Sample

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
+from hetrl.control.protocol import TrainWork
 from hetrl.loop import faults
 from hetrl.loop.faults import Fault, Onset
 from hetrl.loop.reward_role import _RiggedFaults as RewardFaults
 from hetrl.loop.trainer_role import _Clock
 from hetrl.loop.trainer_role import _RiggedFaults as TrainerFaults
-from hetrl.loop.work import TrainWork
 from hetrl.records import Sample
 
 

@@ -20,26 +20,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from hetrl.env.base import Environment
 from hetrl.env.chat import ChatCodec
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import GenerateFn, run_episode
-from hetrl.records import ENV_WAIT_KEY, Sample, SamplingParams
+from hetrl.records import ENV_WAIT_KEY, EpisodeItem, Sample, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EpisodeItem:
-    """One episode to run: ``group_size`` items share a ``group_id`` (the same task)."""
-
-    sample_id: str
-    group_id: str
-    task: Any  # hetrl.env.base.Task
-    seed: int
 
 
 def group_items(group_id: str, task: Any, seed: int, group_size: int) -> list[EpisodeItem]:

@@ -28,11 +28,10 @@ from hetrl.env.runner import images_of
 from hetrl.env.tasks.base import TaskStream
 from hetrl.loop import resume
 from hetrl.loop.orchestrator import Orchestrator
-from hetrl.loop.work import id_order
 from hetrl.monitor import names
 from hetrl.monitor.core import Monitor
 from hetrl.monitor.metrics import staleness_metrics
-from hetrl.records import Sample
+from hetrl.records import Sample, id_order
 
 logger = logging.getLogger(__name__)
 

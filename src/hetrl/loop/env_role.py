@@ -38,12 +38,12 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.control.protocol import EnvCalls, EnvClientDone, EnvDown, EnvReplies
 from hetrl.env.base import Environment
 from hetrl.env.registry import env_factory
 from hetrl.env.remote import EnvServerLost, EpisodeHost, RemoteEnv, remote_failure
@@ -53,33 +53,6 @@ logger = logging.getLogger(__name__)
 ENV_FAULT_VAR = "HETRL_INJECT_ENV_FAULT"
 _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.02
-
-
-@dataclass
-class EnvCalls:
-    """Requests ``(request_id, method, episode_id, args)`` of one rollout rank to one env rank."""
-
-    calls: list[tuple]
-
-
-@dataclass
-class EnvReplies:
-    """Answers ``(request_id, ok, value)``; ``open_episodes`` is the server's load when it sent them."""
-
-    replies: list[tuple]
-    open_episodes: int
-
-
-@dataclass
-class EnvDown:
-    """The env rank stopped serving; every episode it held is gone."""
-
-    reason: str
-
-
-@dataclass
-class EnvClientDone:
-    """The rollout rank is leaving: it sends no more calls and needs no more answers."""
 
 
 def env_faults(spec: str | None) -> list[Fault]:

@@ -43,12 +43,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, naps, poll, send
-from hetrl.env.episodes import EpisodeItem, group_items
-from hetrl.env.registry import build_held_out_split
-from hetrl.env.tasks.base import TaskStream
-from hetrl.loop.batching import require_room
-from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
-from hetrl.loop.work import (
+from hetrl.control.protocol import (
     MemoryReleased,
     PushFailed,
     PushRefused,
@@ -63,12 +58,16 @@ from hetrl.loop.work import (
     SyncWeights,
     TrainDone,
     TrainWork,
-    id_order,
 )
+from hetrl.env.episodes import group_items
+from hetrl.env.registry import build_held_out_split
+from hetrl.env.tasks.base import TaskStream
+from hetrl.loop.batching import require_room
+from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.monitor import names
 from hetrl.monitor.eval import eval_metrics
 from hetrl.monitor.guards import IDLE
-from hetrl.records import CONVERSATION_KEY, Sample, SamplingParams
+from hetrl.records import CONVERSATION_KEY, EpisodeItem, Sample, SamplingParams, id_order
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console

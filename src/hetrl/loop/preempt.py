@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hetrl.control import rundir
 from hetrl.control.comm import RoleContext, Tag, envelope, poll, send
+from hetrl.control.protocol import Bye, PreemptNotice
 
 logger = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -39,18 +39,6 @@ __all__ = [
 
 _received: list[int] = []  # signals this process got (process-global, like signal handlers)
 _notices: list[Any] = []  # isend requests of notices to the orchestrator (kept alive until sent)
-
-
-@dataclass
-class PreemptNotice:
-    """A rank other than the orchestrator received a pre-emption signal."""
-
-    signum: int
-
-
-@dataclass
-class Bye:
-    """A rank's role returned; it is about to exit."""
 
 
 class Preempted(Exception):

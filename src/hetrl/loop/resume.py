@@ -24,9 +24,9 @@ from typing import Any
 from hetrl.config.loop import CheckpointConfig
 from hetrl.control import liveness, rundir
 from hetrl.control.comm import RoleContext, Tag, recv
+from hetrl.control.protocol import Checkpoint, CheckpointDone, Restore, Restored
 from hetrl.loop import preempt
 from hetrl.loop.orchestrator import Orchestrator
-from hetrl.loop.work import Checkpoint, CheckpointDone, Restore, Restored
 
 logger = logging.getLogger(__name__)
 _TRAINER_REPLY_TIMEOUT_S = 3600.0

@@ -24,10 +24,10 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
+from hetrl.control.protocol import RewardDone, RewardWork, Shutdown
 from hetrl.loop import faults
 from hetrl.loop.faults import Countdown, Onset
 from hetrl.loop.reward_server_role import RewardServerClient
-from hetrl.loop.work import RewardDone, RewardWork, Shutdown
 from hetrl.records import Sample
 from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.rubric import Rubric

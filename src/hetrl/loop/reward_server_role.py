@@ -42,6 +42,7 @@ from hetrl.config.reward import POLICY_MODEL
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, poll, send
+from hetrl.control.protocol import ServeCalls, ServeClientDone, ServerDown, ServeReplies, ServerReady
 from hetrl.loop.faults import Countdown
 from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.serving import Completion, CompletionResult, JudgeEngine, RewardModelScorer, resolve_model_path
@@ -51,38 +52,6 @@ _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.02
 _READY_GRACE_S = 3600.0  # a scoring thread's own bound also covers a replica still loading a large judge
 JUDGE, REWARD_MODEL = "judge", "reward_model"
-
-
-@dataclass
-class ServeCalls:
-    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward
-    model."""
-
-    calls: list[tuple[int, str, Any]]
-
-
-@dataclass
-class ServeReplies:
-    """Answers ``(request_id, ok, value)``: a CompletionResult or a float, or the error's text when not ok."""
-
-    replies: list[tuple[int, bool, Any]]
-
-
-@dataclass
-class ServerReady:
-    """The server's models are loaded: requests sent now are answered within a batch's time."""
-
-
-@dataclass
-class ServerDown:
-    """The server stopped serving; every request it held is unanswered."""
-
-    reason: str
-
-
-@dataclass
-class ServeClientDone:
-    """The reward worker is leaving: it sends no more requests."""
 
 
 # ---------------------------------------------------------------------------------------- server

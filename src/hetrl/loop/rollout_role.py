@@ -40,12 +40,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
-from hetrl.env.chat import ChatCodec
-from hetrl.env.episodes import EpisodeRunner
-from hetrl.env.registry import env_factory
-from hetrl.loop.env_role import EnvRoleClient
-from hetrl.loop.faults import Countdown
-from hetrl.loop.work import (
+from hetrl.control.protocol import (
     MemoryReleased,
     PushRefused,
     ReleaseMemory,
@@ -55,6 +50,11 @@ from hetrl.loop.work import (
     Shutdown,
     SyncWeights,
 )
+from hetrl.env.chat import ChatCodec
+from hetrl.env.episodes import EpisodeRunner
+from hetrl.env.registry import env_factory
+from hetrl.loop.env_role import EnvRoleClient
+from hetrl.loop.faults import Countdown
 from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
 from hetrl.rollout.engine import GenerationEngine
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory

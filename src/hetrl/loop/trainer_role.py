@@ -42,11 +42,7 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
-from hetrl.control.rendezvous import free_port
-from hetrl.control.rundir import checkpoint_root
-from hetrl.loop import faults
-from hetrl.loop.faults import Countdown, Span
-from hetrl.loop.work import (
+from hetrl.control.protocol import (
     Checkpoint,
     CheckpointDone,
     PushFailed,
@@ -57,6 +53,10 @@ from hetrl.loop.work import (
     TrainDone,
     TrainWork,
 )
+from hetrl.control.rendezvous import free_port
+from hetrl.control.rundir import checkpoint_root
+from hetrl.loop import faults
+from hetrl.loop.faults import Countdown, Span
 from hetrl.monitor import names
 from hetrl.monitor.mfu import MfuMeter
 from hetrl.trainer.checkpoint import load_checkpoint, save_checkpoint, start_checkpoint_writer

@@ -1,7 +1,11 @@
-"""Work items and messages of the RL loop, as they cross the control plane (pickled by mpi4py).
+"""Every wire message of the RL loop, in one place: what each role sends which other role.
 
-The orchestrator owns every sample id; a worker only ever answers with the ids it was given, so
-the orchestrator can prove that each sample was generated, rewarded and trained at most once.
+Messages are plain dataclasses, pickled by mpi4py (``hetrl.control.comm``). The orchestrator owns
+every sample id; a worker only ever answers with the ids it was given, so the orchestrator can
+prove that each sample was generated, rewarded and trained at most once.
+
+Sections: the orchestrator's work and its results (rollout, reward, trainer), weight pushes,
+checkpoints, the env and reward-server services, and pre-emption.
 """
 
 from __future__ import annotations
@@ -11,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hetrl.env.episodes import EpisodeItem
-from hetrl.records import Sample, SamplingParams
+from hetrl.records import EpisodeItem, Sample, SamplingParams
 
 
 @dataclass
@@ -154,11 +157,81 @@ class Restored:
     loop_state: dict[str, Any]
 
 
-def id_order(sample_id: str) -> tuple[str, int, int]:
-    """Sort key of a sample id ``<purpose letter><group number>.<index>``: creation order.
+# ---------------------------------------------------------------- the env service (rollout <-> env)
 
-    Samples arrive in completion order, which varies from run to run; whatever sums over them
-    (advantages, losses, metrics) must see them in this order for a run to be reproducible.
-    """
-    group, _, index = sample_id.partition(".")
-    return group[0], int(group[1:]), int(index or 0)
+
+@dataclass
+class EnvCalls:
+    """Requests ``(request_id, method, episode_id, args)`` of one rollout rank to one env rank."""
+
+    calls: list[tuple]
+
+
+@dataclass
+class EnvReplies:
+    """Answers ``(request_id, ok, value)``; ``open_episodes`` is the server's load when it sent them."""
+
+    replies: list[tuple]
+    open_episodes: int
+
+
+@dataclass
+class EnvDown:
+    """The env rank stopped serving; every episode it held is gone."""
+
+    reason: str
+
+
+@dataclass
+class EnvClientDone:
+    """The rollout rank is leaving: it sends no more calls and needs no more answers."""
+
+
+# ---------------------------------------------------------------- the reward-server service (reward <-> reward_server)
+
+
+@dataclass
+class ServeCalls:
+    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward
+    model."""
+
+    calls: list[tuple[int, str, Any]]
+
+
+@dataclass
+class ServeReplies:
+    """Answers ``(request_id, ok, value)``: a CompletionResult or a float, or the error's text when not ok."""
+
+    replies: list[tuple[int, bool, Any]]
+
+
+@dataclass
+class ServerReady:
+    """The server's models are loaded: requests sent now are answered within a batch's time."""
+
+
+@dataclass
+class ServerDown:
+    """The server stopped serving; every request it held is unanswered."""
+
+    reason: str
+
+
+@dataclass
+class ServeClientDone:
+    """The reward worker is leaving: it sends no more requests."""
+
+
+# ---------------------------------------------------------------- pre-emption (any rank -> orchestrator)
+
+
+@dataclass
+class PreemptNotice:
+    """A rank other than the orchestrator received a pre-emption signal."""
+
+    signum: int
+
+
+@dataclass
+class Bye:
+    """A rank's role returned; it is about to exit."""
