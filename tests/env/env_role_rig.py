@@ -2,7 +2,7 @@
 
 ``python env_role_rig.py MODE OUT``; rank 0 writes a JSON report to OUT. Modes:
   compare  3 groups x 2 episodes through the env role, and the same locally: are the Samples equal?
-  rerun    every episode that loses its env rank (HETRL_INJECT_ENV_FAULT) runs again, as the
+  rerun    every episode that loses its env rank (HETRL_INJECT_FAULT=env:<rank>:env_crash@<n>) runs again, as the
            orchestrator would re-queue it: do all finish, and where?
   none     keep re-running until no env rank is left: the error the rollout rank raises
 """
@@ -24,6 +24,7 @@ from hetrl.env.remote import EnvServerLost
 from hetrl.env.runner import run_episode
 from hetrl.env.scripted import ScriptedPolicy
 from hetrl.loop.env_role import EnvRoleClient, run_env
+from hetrl.loop.faults import RankFaults
 from hetrl.models.tokenizer import build_char_tokenizer
 from hetrl.records import SamplingParams
 
@@ -142,7 +143,9 @@ def main():
         with open(out, "w") as f:
             json.dump(report, f)
     else:
-        run_env(RoleContext(MPI.COMM_WORLD, None, PLAN, PLAN.assignments[rank]), CFG)
+        assignment = PLAN.assignments[rank]
+        faults = RankFaults.from_env(assignment.role, assignment.role_rank)
+        run_env(RoleContext(MPI.COMM_WORLD, None, PLAN, assignment), CFG, faults.countdown("env_crash"))
         flush_sends()
 
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 def rig(tmp_path, mode, fault=""):
     out = tmp_path / f"{mode}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_ENV_FAULT": fault}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_FAULT": fault}
     proc = subprocess.run(
         [find_mpiexec(), "-launcher", "fork", "-n", "3", sys.executable, str(RIG), mode, str(out)],
         env=env,
@@ -36,25 +36,13 @@ def test_role_episodes_equal_inline_ones_and_spread_over_ranks(tmp_path):
 
 
 def test_episodes_of_a_lost_env_rank_run_again_on_the_other(tmp_path):
-    report = rig(tmp_path, "rerun", fault="0@5")  # env role rank 0 (world rank 1) dies on its 5th call
+    report = rig(tmp_path, "rerun", fault="env:0:env_crash@5")  # env role rank 0 (world rank 1) dies on its 5th call
     assert sorted(report["done"]) == sorted(f"s{i}" for i in range(8))
     assert report["lost"] > 0 and report["live"] == [2]
     assert report["placed_on"].count(2) >= report["lost"]
 
 
 def test_no_env_rank_left_is_a_clear_error(tmp_path):
-    report = rig(tmp_path, "none", fault="0@2,1@2")
+    report = rig(tmp_path, "none", fault="env:0:env_crash@2,env:1:env_crash@2")
     assert report["done"] == [] and report["live"] == []
     assert "all 2 env rank(s) are down" in report["errors"][0] and "injected fault" in report["errors"][0]
-
-
-def test_env_fault_spec():
-    from hetrl.loop.env_role import env_faults
-
-    assert [(f.role, f.role_rank, f.kind, f.at) for f in env_faults("0@3, 1")] == [
-        ("env", 0, "env_crash", 3),
-        ("env", 1, "env_crash", 1),
-    ]
-    assert env_faults(None) == env_faults("") == []
-    with pytest.raises(ValueError, match="HETRL_INJECT_ENV_FAULT entries must be"):
-        env_faults("env:0:env_crash@1")

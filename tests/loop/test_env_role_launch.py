@@ -21,7 +21,7 @@ ROLE = ["recipe=tiny_tool_grpo", "env.placement=role", "cluster.env_workers_per_
 
 def launch(tmp_path, *overrides, fault=""):
     cmd = [sys.executable, str(ROOT / "launch.py"), *ROLE, f"run.output_dir={tmp_path}", *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_ENV_FAULT": fault}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HETRL_INJECT_FAULT": fault}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "tiny_tool_grpo"
@@ -76,7 +76,7 @@ def test_code_attempts_run_multi_turn_on_env_ranks(tmp_path):
 def test_a_lost_env_rank_costs_no_sample(tmp_path):
     # env rank 1 goes down on its 20th call: past the first eval (8 one-turn episodes, about 12
     # calls per rank), inside the first training step.
-    run_dir, summary = launch(tmp_path, "run.steps=3", fault="1@20")
+    run_dir, summary = launch(tmp_path, "run.steps=3", fault="env:1:env_crash@20")
     samples = summary["samples"]
     assert samples["requeued_generation"] > 0
     assert samples["trained"] == 3 * 4 * 4

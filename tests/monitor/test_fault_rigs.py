@@ -8,7 +8,7 @@ import pytest
 
 from hetrl.control.protocol import TrainWork
 from hetrl.loop import faults
-from hetrl.loop.faults import Fault, Onset
+from hetrl.loop.faults import Fault, Onset, RankFaults
 from hetrl.loop.reward_role import _RiggedFaults as RewardFaults
 from hetrl.loop.trainer_role import _Clock
 from hetrl.loop.trainer_role import _RiggedFaults as TrainerFaults
@@ -29,6 +29,13 @@ def test_parse_new_kinds_and_reject_unknown():
         Fault.parse("trainer:0:nan_gradients")
 
 
+def test_a_rank_gets_only_its_own_faults_and_env_crash_is_a_kind():
+    rank = RankFaults(Fault.parse("env:1:env_crash@2,env:0:env_crash@3,reward:1:scorer_crash"), "env", 1)
+    crash = rank.countdown("env_crash")
+    assert [crash.fire() for _ in range(3)] == [False, True, False]
+    assert not rank.countdown("scorer_crash").fire()  # another role's fault
+
+
 def test_onset_stays_on_from_the_nth_call():
     onset = Onset(Fault.parse("reward:0:reward_drop@3"), "reward", 0, "reward_drop")
     assert [onset.fire() for _ in range(5)] == [False, False, True, True, True]
@@ -37,7 +44,7 @@ def test_onset_stays_on_from_the_nth_call():
 
 def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "reward:0:reward_drop@2")
-    rigged = RewardFaults(role_rank=0)
+    rigged = RewardFaults(RankFaults.from_env("reward", 0))
     assert [rigged.after_scoring(_sample(i)).reward for i in range(3)] == [
         0.25,
         0.25 - faults.REWARD_DROP,
@@ -47,7 +54,7 @@ def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
 
 def test_nan_loss_poisons_only_the_nth_batch(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "trainer:0:nan_loss@2")
-    rigged = TrainerFaults(role_rank=0)
+    rigged = TrainerFaults(RankFaults.from_env("trainer", 0))
     work = TrainWork(0, [_sample(0)])
     assert rigged.samples(work) is work.samples
     poisoned = rigged.samples(work)

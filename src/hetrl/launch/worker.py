@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from hetrl.control.comm import flush_sends, init_control_plane
     from hetrl.control.handshake import run_handshake
     from hetrl.control.plan import Plan
-    from hetrl.loop.faults import Fault, at_start
+    from hetrl.loop.faults import RankFaults
 
     run_dir = args.run_dir
     cfg = validate_tree(yaml.safe_load((run_dir / rundir.CONFIG).read_text()))
@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s {ctx.role}[{ctx.assignment.role_rank}] %(levelname)s %(message)s",
     )
     logging.info("recipe %s: joined the control plane as %s", cfg.recipe, ctx.assignment)
-    faults = Fault.parse(os.environ.get("HETRL_INJECT_FAULT"))
-    at_start(faults, ctx.role, ctx.assignment.role_rank)
+    faults = RankFaults.from_env(ctx.role, ctx.assignment.role_rank)
+    faults.at_start()
     liveness.start_beacon(run_dir, ctx.rank, ctx.role, ctx.assignment.role_rank, cfg.monitor.hang_timeout_s)
     if cfg.monitor.timeline:
         timeline.start(run_dir, ctx.role, ctx.assignment.role_rank)

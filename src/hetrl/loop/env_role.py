@@ -19,15 +19,12 @@ open-episode count in its last reply to this rollout rank plus the episodes this
 since; ties rotate by rollout rank, so rollout ranks starting together spread over the servers.
 
 Failure, as for a reward worker whose scorer died: an env rank whose serving fails (injected with
-``HETRL_INJECT_ENV_FAULT``, below) closes its environments, sends :class:`EnvDown` to every rollout
-rank and serves nothing more. Each rollout rank reports the episodes that lived there as
+the fault ``env:<rank>:env_crash@<n>``, hetrl.loop.faults) closes its environments, sends
+:class:`EnvDown` to every rollout rank and serves nothing more. Each rollout rank reports the
+episodes that lived there as
 ``failed``, and the orchestrator runs them again under the same sample ids (``requeued_generation``
 in ``summary.json``) on the env ranks still up. With none left, the rollout rank raises and the job
 stops with that error. An env rank exits once every rollout rank said :class:`EnvClientDone`.
-
-Fault injection for tests: ``HETRL_INJECT_ENV_FAULT=<env_role_rank>@<n>[,...]`` makes that env rank
-go down on the n-th environment call it receives (read by :func:`run_env`; ``HETRL_INJECT_FAULT``
-takes only the kinds of ``hetrl.loop.faults``).
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -47,26 +43,11 @@ from hetrl.control.protocol import EnvCalls, EnvClientDone, EnvDown, EnvReplies
 from hetrl.env.base import Environment
 from hetrl.env.registry import env_factory
 from hetrl.env.remote import EnvServerLost, EpisodeHost, RemoteEnv, remote_failure
-from hetrl.loop.faults import Countdown, Fault
+from hetrl.loop.faults import Countdown
 
 logger = logging.getLogger(__name__)
-ENV_FAULT_VAR = "HETRL_INJECT_ENV_FAULT"
 _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.02
-
-
-def env_faults(spec: str | None) -> list[Fault]:
-    """Parse ``<env_role_rank>@<n>[,...]`` (see the module docstring) into ``env_crash`` faults."""
-    faults = []
-    for part in (spec or "").split(","):
-        if not part.strip():
-            continue
-        rank, _, at = part.strip().partition("@")
-        try:
-            faults.append(Fault("env", int(rank), "env_crash", int(at) if at else 1))
-        except ValueError:
-            raise ValueError(f"{ENV_FAULT_VAR} entries must be <env_rank>[@n], got {part!r}") from None
-    return faults
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -162,9 +143,8 @@ class EnvServer:
             send(self.world, EnvDown(reason), client, Tag.RESULT)
 
 
-def run_env(ctx: RoleContext, cfg: HetrlConfig) -> None:
-    """The env rank's main: serve until every rollout rank has left."""
-    crash = Countdown(env_faults(os.environ.get(ENV_FAULT_VAR)), "env", ctx.assignment.role_rank, "env_crash")
+def run_env(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
+    """The env rank's main: serve until every rollout rank has left (``crash``: the injected ``env_crash``)."""
     asyncio.run(EnvServer(ctx, env_factory(cfg.env, sandbox=cfg.reward.sandbox), crash).run())
 
 

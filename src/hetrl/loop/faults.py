@@ -11,6 +11,8 @@
   scorer_crash@n   reward: the rubric raises on the n-th batch (once); its samples must be retried
   server_crash@n   reward_server: the judge / reward model fails on its n-th batch; the server leaves
                    service and the reward workers must re-send its requests to another replica
+  env_crash@n      env: the env rank goes down on the n-th environment call it receives; the rollout
+                   ranks must run the episodes it held again on the env ranks still up
   reward_drop@n    reward: from the n-th sample it scores on, every total reward is lowered by
                    REWARD_DROP (a scorer that silently broke); the reward-collapse guard must fire
   nan_loss@n       trainer: the advantages of its n-th batch (warm-start batches count) are NaN, so
@@ -22,8 +24,8 @@
                    mismatch stays high for a few steps and then falls back; an adaptive staleness
                    bound (schedule.adaptive_staleness) must fall to its floor, then grow again
 
-Roles that take no fault list from the worker entry point read the same variable with
-:func:`from_env`.
+One hook: the worker entry point reads the variable once (:meth:`RankFaults.from_env`) and hands
+the rank's :class:`RankFaults` to its role, which asks it for the counter of each kind it can suffer.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ KINDS = (
     "push_refused",
     "scorer_crash",
     "server_crash",
+    "env_crash",
     "reward_drop",
     "nan_loss",
     "desync_weights",
@@ -127,6 +130,26 @@ class Span(Countdown):
         return True
 
 
-def from_env() -> list[Fault]:
-    """The faults of :data:`FAULT_ENV`, for roles the worker entry point hands no fault list."""
-    return Fault.parse(os.environ.get(FAULT_ENV))
+class RankFaults:
+    """The faults injected into one rank: each kind's counter, for the role that can suffer it."""
+
+    def __init__(self, faults: list[Fault], role: str, role_rank: int) -> None:
+        self.faults, self.role, self.role_rank = list(faults), role, role_rank
+
+    @classmethod
+    def from_env(cls, role: str, role_rank: int) -> RankFaults:
+        """The faults :data:`FAULT_ENV` injects into ``role[role_rank]``."""
+        return cls(Fault.parse(os.environ.get(FAULT_ENV)), role, role_rank)
+
+    def at_start(self) -> None:
+        """The start-up faults: crash or hang this rank."""
+        at_start(self.faults, self.role, self.role_rank)
+
+    def countdown(self, kind: str) -> Countdown:
+        return Countdown(self.faults, self.role, self.role_rank, kind)
+
+    def onset(self, kind: str) -> Onset:
+        return Onset(self.faults, self.role, self.role_rank, kind)
+
+    def span(self, kind: str, length: int) -> Span:
+        return Span(self.faults, self.role, self.role_rank, kind, length)

@@ -26,7 +26,7 @@ from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
 from hetrl.control.protocol import RewardDone, RewardWork, Shutdown
 from hetrl.loop import faults
-from hetrl.loop.faults import Countdown, Onset
+from hetrl.loop.faults import RankFaults
 from hetrl.loop.reward_server_role import RewardServerClient
 from hetrl.records import Sample
 from hetrl.reward.base import ScoringUnavailable
@@ -39,9 +39,8 @@ logger = logging.getLogger(__name__)
 class _RiggedFaults:
     """The reward worker's injected misbehaviours besides a crash (see hetrl.loop.faults)."""
 
-    def __init__(self, role_rank: int) -> None:
-        found = faults.from_env()
-        self.drop = Onset(found, "reward", role_rank, "reward_drop")
+    def __init__(self, rank_faults: RankFaults) -> None:
+        self.drop = rank_faults.onset("reward_drop")
 
     def after_scoring(self, sample: Sample) -> Sample:
         if self.drop.fire():
@@ -52,10 +51,10 @@ class _RiggedFaults:
 class RewardRank:
     """One reward worker: takes the orchestrator's work, scores it concurrently, streams the results back."""
 
-    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
-
-        self.ctx, self.cfg, self.crash = ctx, cfg, crash
-        self.rigged = _RiggedFaults(ctx.assignment.role_rank)
+    def __init__(self, ctx: RoleContext, cfg: HetrlConfig, rank_faults: RankFaults) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.crash = rank_faults.countdown("scorer_crash")
+        self.rigged = _RiggedFaults(rank_faults)
         self.wake = threading.Event()  # a sample finished or a scoring thread asked a reward server: the nap ends
         server = cfg.reward.server
         self.client = (
@@ -179,5 +178,5 @@ class RewardRank:
         send(self.ctx.world, done, self.ctx.orchestrator_rank, Tag.RESULT)
 
 
-def run_reward(ctx: RoleContext, cfg: HetrlConfig, crash: Countdown) -> None:
-    RewardRank(ctx, cfg, crash).run()
+def run_reward(ctx: RoleContext, cfg: HetrlConfig, rank_faults: RankFaults) -> None:
+    RewardRank(ctx, cfg, rank_faults).run()

@@ -18,7 +18,7 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, rundir
 from hetrl.control.comm import RoleContext
 from hetrl.control.rendezvous import free_port
-from hetrl.loop.faults import Countdown, Fault
+from hetrl.loop.faults import RankFaults
 from hetrl.models.hf import build_random_hf_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def weight_sync_endpoint(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, setu
     return build_weight_receiver(kind, group=group, verify=verify, shared_memory=cfg.rollout.engine_tensor_parallel > 1)
 
 
-def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fault] = ()) -> None:
+def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: RankFaults) -> None:
     """This rank's role, start to end. Each start-up phase reports itself to the liveness beacon,
     so the start timeout (``monitor.start_timeout_s``) bounds each phase, not the whole start; the
     role's first busy or idle report after them says the rank has started."""
@@ -116,29 +116,25 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
     elif ctx.role == "reward":
         from hetrl.loop.reward_role import run_reward  # lazy: a rank loads its own role's stack only
 
-        run_reward(ctx, cfg, Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "scorer_crash"))
+        run_reward(ctx, cfg, faults)
     elif ctx.role == "reward_server":
         from hetrl.loop.reward_server_role import run_reward_server  # lazy: a rank loads its own role's stack only
 
-        run_reward_server(
-            ctx, cfg, Path(setup.model_dir), Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "server_crash")
-        )
+        run_reward_server(ctx, cfg, Path(setup.model_dir), faults.countdown("server_crash"))
     elif ctx.role == "env":
         from hetrl.loop.env_role import run_env  # lazy: a rank loads its own role's stack only
 
-        run_env(ctx, cfg)
+        run_env(ctx, cfg, faults.countdown("env_crash"))
     elif ctx.role == "rollout":
         from hetrl.loop.rollout_role import run_rollout  # lazy: a rank loads its own role's stack only
 
-        crash = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "engine_crash")
-        refuse_push = Countdown(list(faults), ctx.role, ctx.assignment.role_rank, "push_refused")
         run_rollout(
             ctx,
             cfg,
             Path(setup.model_dir),
             weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=False),
-            crash,
-            refuse_push,
+            faults.countdown("engine_crash"),
+            faults.countdown("push_refused"),
         )
     elif ctx.role == "trainer":
         from hetrl.loop.trainer_role import run_trainer  # lazy: a rank loads its own role's stack only
@@ -150,6 +146,7 @@ def run_role(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, faults: list[Fau
             run_dir,
             Path(setup.model_dir),
             weight_sync_endpoint(ctx, cfg, run_dir, setup, sender=True) if is_sender else None,
+            faults,
         )
     else:
         raise ValueError(f"unknown role {ctx.role!r}")

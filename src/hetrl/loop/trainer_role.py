@@ -56,7 +56,7 @@ from hetrl.control.protocol import (
 from hetrl.control.rendezvous import free_port
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
-from hetrl.loop.faults import Countdown, Span
+from hetrl.loop.faults import RankFaults
 from hetrl.monitor import names
 from hetrl.monitor.mfu import MfuMeter
 from hetrl.trainer.checkpoint import load_checkpoint, save_checkpoint, start_checkpoint_writer
@@ -104,7 +104,9 @@ def _next_message(ctx: RoleContext) -> Any:
     return share(ctx.role_comm, message) if ctx.role_comm.Get_size() > 1 else message
 
 
-def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None) -> None:
+def run_trainer(
+    ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Path, sender: Any | None, rank_faults: RankFaults
+) -> None:
     import torch
 
     init_trainer_world(ctx)
@@ -148,7 +150,7 @@ def run_trainer(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_dir: Pa
     stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
     stage = "rl"  # the optimizer PolicyTrainer built
     clock = _Clock()
-    rigged = _RiggedFaults(ctx.assignment.role_rank)
+    rigged = _RiggedFaults(rank_faults)
     mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
     while True:
         liveness.idle("waiting for work from the orchestrator")
@@ -240,11 +242,10 @@ class _Clock:
 class _RiggedFaults:
     """The trainer's injected misbehaviours (``nan_loss``, ``desync_weights``, ``drift_weights``: hetrl.loop.faults)."""
 
-    def __init__(self, role_rank: int) -> None:
-        found = faults.from_env()
-        self.nan = Countdown(found, "trainer", role_rank, "nan_loss")
-        self.desync = Countdown(found, "trainer", role_rank, "desync_weights")
-        self.drift = Span(found, "trainer", role_rank, "drift_weights", faults.DRIFT_PUSHES)
+    def __init__(self, rank_faults: RankFaults) -> None:
+        self.nan = rank_faults.countdown("nan_loss")
+        self.desync = rank_faults.countdown("desync_weights")
+        self.drift = rank_faults.span("drift_weights", faults.DRIFT_PUSHES)
 
     def samples(self, work: TrainWork) -> list[Any]:
         """The step's samples, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
