@@ -24,7 +24,7 @@ import pytest
 
 from hetrl.config.loader import ConfigError, load_config
 from hetrl.config.loop import ScheduleConfig
-from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork
+from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork, ScoredSample
 from hetrl.loop import faults
 from hetrl.loop import orchestrator as orchestrator_module
 from hetrl.loop.orchestrator import Orchestrator, _Ledger
@@ -176,6 +176,7 @@ def _orchestrator(monkeypatch, schedule: ScheduleConfig, version: int) -> tuple[
         run=SimpleNamespace(prompts_per_step=1),
         schedule=schedule,
         algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
+        reward=SimpleNamespace(reads_completion_ids=False),
     )
     orch.sampling = lambda purpose: None
     orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
@@ -203,7 +204,7 @@ def _generate_with(orch: Orchestrator, sent: list, versions: list[int]):
         version = versions.pop(0)
         samples = [Sample(i.sample_id, i.group_id, "toy", [1], [7], [1], [0.0], [version]) for i in group]
         orch._on_rollout(RolloutDone(samples), ENGINE)
-        orch._on_reward(RewardDone(samples), REWARD)
+        orch._on_reward(RewardDone([ScoredSample(s.sample_id, {}, 0.0, [], {}) for s in samples]), REWARD)
 
     return pump
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork
+from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork, ScoredSample
 from hetrl.loop import orchestrator as orchestrator_module
 from hetrl.loop.orchestrator import Orchestrator, _Ledger
 from hetrl.monitor import names
@@ -58,6 +58,7 @@ def _orchestrator(monkeypatch, stale_policy: str, version: int) -> tuple[Orchest
         run=SimpleNamespace(prompts_per_step=2),
         schedule=SimpleNamespace(stale_policy=stale_policy),
         algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
+        reward=SimpleNamespace(reads_completion_ids=False),
     )
     orch.sampling = lambda purpose: None
     orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
@@ -88,7 +89,7 @@ def _generate_with(orch: Orchestrator, sent: list, versions: list[int]):
             Sample(i.sample_id, i.group_id, f"{i.task}/{i.seed}", [1], [7], [1], [0.0], [version]) for i in group
         ]
         orch._on_rollout(RolloutDone(samples), ENGINE)
-        orch._on_reward(RewardDone(samples, score_s=1.0), REWARD)
+        orch._on_reward(RewardDone([ScoredSample(s.sample_id, {}, 0.0, [], {}) for s in samples], score_s=1.0), REWARD)
 
     return pump
 

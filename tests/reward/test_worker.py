@@ -4,6 +4,7 @@ import time
 import pytest
 
 from hetrl.config.reward import RewardConfig
+from hetrl.monitor import names
 from hetrl.records import Sample
 from hetrl.reward import ConcurrentScorer, Rubric
 from hetrl.reward.base import ScoringUnavailable
@@ -70,7 +71,10 @@ def test_samples_are_scored_at_once_and_stream_out_as_they_finish():
     assert not failed and len(rest) == 3
 
 
-def test_a_source_that_could_not_score_sends_its_sample_back():
+def test_a_source_whose_served_model_never_answered_scores_the_sample_0_flagged():
+    """After reward.server.max_attempts the client raises ScoringUnavailable: the sample is answered (0, flagged,
+    counted), never failed back to the orchestrator, which would send it again and again."""
+
     def unanswered(s):
         raise ScoringUnavailable("no judge answered")
 
@@ -80,7 +84,15 @@ def test_a_source_that_could_not_score_sends_its_sample_back():
     scorer.submit(sample(0, "x"))
     done, failed = drain(scorer, 1)
     scorer.close()
-    assert not done and failed[0][0] == "s0" and isinstance(failed[0][1], ScoringUnavailable) and scorer.in_flight == 0
+    assert not failed and scorer.in_flight == 0 and [s.sample_id for s in done] == ["s0"]
+    assert done[0].reward == 0.0 and done[0].rewards == {"ok": 1.0, "judge": 0.0}  # the other source cannot pay
+    assert done[0].flags == ["reward/unavailable:judge"] and done[0].metrics["reward/unavailable_frac"] == 1.0
+    assert names.spec_of("reward/unavailable_frac") is not None  # a documented metric: the step logs its mean
+
+
+def test_a_rubric_whose_models_answer_reports_none_unavailable():
+    out = Rubric([WeightedFn("ok", lambda s: 1.0, 1.0)]).score(sample(0, "x"))
+    assert out.total == 1.0 and out.metrics["reward/unavailable_frac"] == 0.0 and not out.flags
 
 
 def test_close_drops_the_samples_not_started():

@@ -27,6 +27,9 @@ REWARD_ALLOWLIST: dict[str, str] = {
     "judge": "hetrl.reward.judge:JudgeReward",
     "env": "hetrl.reward.environment:EnvironmentReward",
 }
+# The functions that read a completion's token ids (the others read its texts and its length): only for these are
+# the ids sent to the reward ranks (hetrl.control.protocol.ScoringView).
+READS_COMPLETION_IDS = frozenset({"repetition"})
 
 
 class RewardFunctionConfig(Section):
@@ -199,7 +202,8 @@ class RewardServerConfig(Section):
     max_attempts: int = Field(
         3,
         ge=1,
-        description="Replicas a request is tried on before it fails (the reward source then scores 0, flagged).",
+        description="Replicas a request is tried on before it fails; its sample then scores 0 in total, flagged "
+        "reward/unavailable:<source> and counted in reward/unavailable_frac, and is never scored again.",
     )
     gpu_memory_utilization: float = Field(
         0.85, gt=0.0, le=1.0, description="Share of each GPU the judge engine may take."
@@ -239,6 +243,11 @@ class RewardConfig(Section):
         """The frozen models the rubric needs served ("judge", "reward_model"), in that order."""
         used = {f.name for f in self.functions}
         return tuple(name for name in ("judge", "reward_model") if name in used)
+
+    @property
+    def reads_completion_ids(self) -> bool:
+        """Whether a function of the rubric reads token ids (READS_COMPLETION_IDS): they travel to the reward ranks."""
+        return any(f.name in READS_COMPLETION_IDS for f in self.functions)
 
     @model_validator(mode="after")
     def _check_served_models(self) -> RewardConfig:

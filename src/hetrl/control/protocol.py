@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hetrl.records import EpisodeItem, Sample, SamplingParams
+from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, EpisodeItem, Sample, SamplingParams
 
 
 @dataclass
@@ -32,13 +32,69 @@ class RolloutDone:
 
 
 @dataclass
+class ScoringView:
+    """What a rubric reads of one sample (``hetrl.reward``), and all a reward rank is sent of it.
+
+    The texts, the reference answer, how the episode ended and how many tokens it took, the environment's own
+    rewards and the episode as chat messages (for a judge or a reward model). Routing arrays, images, log-probs and
+    weight versions never travel to a reward rank; the completion's token ids only for a rubric that reads them
+    (``RewardConfig.reads_completion_ids``). The attributes are named as ``Sample``'s, so a rubric scores a whole
+    sample the same way (held-out evaluation, benches).
+    """
+
+    sample_id: str
+    prompt_text: str
+    completion_text: str
+    answer: Any
+    finish_reason: str
+    num_completion_tokens: int
+    rewards: dict[str, float]  # the environment's own verdict (ENV_REWARD_KEY), summed by the episode runner
+    info: dict[str, Any]  # CONVERSATION_KEY alone, when the episode runner recorded it
+    completion_ids: list[int] | None = None  # None unless the rubric reads token ids
+
+    @classmethod
+    def of(cls, sample: Sample, with_completion_ids: bool) -> ScoringView:
+        messages = sample.info.get(CONVERSATION_KEY)
+        return cls(
+            sample.sample_id,
+            sample.prompt_text,
+            sample.completion_text,
+            sample.answer,
+            sample.finish_reason,
+            len(sample.completion_ids),
+            dict(sample.rewards),
+            {CONVERSATION_KEY: messages} if messages else {},
+            list(sample.completion_ids) if with_completion_ids else None,
+        )
+
+
+@dataclass
+class ScoredSample:
+    """A reward rank's verdict on one sample: what the orchestrator merges into the sample it kept."""
+
+    sample_id: str
+    rewards: dict[str, float]  # raw score per reward source
+    reward: float  # the weighted total the advantage uses
+    flags: list[str]
+    metrics: dict[str, float]  # the reward functions' per-sample metrics (Sample.info[REWARD_METRICS_KEY])
+
+    def apply_to(self, sample: Sample) -> Sample:
+        """Write the verdict into the sample (its own flags, from the episode, are kept)."""
+        sample.rewards = dict(self.rewards)
+        sample.reward = self.reward
+        sample.flags = sorted(set(sample.flags) | set(self.flags))
+        sample.info[REWARD_METRICS_KEY] = dict(self.metrics)
+        return sample
+
+
+@dataclass
 class RewardWork:
-    samples: list[Sample]
+    views: list[ScoringView]  # the orchestrator keeps the samples (its ledger) and merges the verdicts in
 
 
 @dataclass
 class RewardDone:
-    samples: list[Sample]  # the same samples, rewards/flags filled in
+    scored: list[ScoredSample]  # verdicts on samples of earlier RewardWork, each id once
     failed: list[str] = field(default_factory=list)  # sample ids to score again (elsewhere if possible)
     score_s: float = 0.0  # the worker's wall time scoring this batch (the orchestrator's time/reward)
 

@@ -1,12 +1,13 @@
 """The orchestrator: owns the task stream, every sample id, the schedule and the staleness bound.
 
-One rank on the CPU partition. It hands episodes to the rollout ranks, routes finished samples to
-the reward workers, assembles each step's batch from complete groups and sends it, once, to the
-trainer's leader (trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight to
-the engines (torch.distributed),
-the orchestrator only tells the engines when to take them. When an engine refuses a push
-(:class:`PushRefused`), the orchestrator has the trainer send the same version again, unless a
-newer push is on its way; the engine's samples from its old version meet the staleness bound.
+One rank on the CPU partition. It hands episodes to the rollout ranks, sends the reward workers what
+their rubric reads of each finished sample (keeping the sample, into which it merges their verdicts),
+assembles each step's batch from complete groups and sends it, once, to the trainer's leader
+(trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight
+to the engines (torch.distributed), the orchestrator only tells the engines when to take them.
+When an engine refuses a push (:class:`PushRefused`), the orchestrator has the trainer send the
+same version again, unless a newer push is on its way; the engine's samples from its old version
+meet the staleness bound.
 
 The three schedules are one mechanism with a different look-ahead: groups may be dispatched while
 ``in flight + ready + in training < prompts_per_step x (1 + look-ahead)``, with look-ahead 0 for
@@ -53,6 +54,7 @@ from hetrl.control.protocol import (
     RewardWork,
     RolloutDone,
     RolloutWork,
+    ScoringView,
     ServingWeights,
     Shutdown,
     SyncWeights,
@@ -71,6 +73,9 @@ from hetrl.records import CONVERSATION_KEY, EpisodeItem, Sample, SamplingParams,
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console
+# A sample whose scoring failed this many times in a row (a rubric crash; the worker rebuilds its rubric, and the
+# retry goes to another worker when there is one) stops the job: its rubric breaks on it, retrying would never end.
+MAX_SCORING_FAILURES = 3
 
 
 @dataclass
@@ -79,7 +84,8 @@ class _Ledger:
 
     dispatched: dict[str, EpisodeItem] = field(default_factory=dict)  # at an engine
     at_engine: dict[str, int] = field(default_factory=dict)  # sample id -> engine rank
-    rewarding: dict[str, Sample] = field(default_factory=dict)  # at a reward worker
+    rewarding: dict[str, Sample] = field(default_factory=dict)  # at a reward worker (which has its ScoringView)
+    scoring_failures: dict[str, list[int]] = field(default_factory=dict)  # sample id -> workers that failed it
     issued: set[str] = field(default_factory=set)  # every training sample id ever dispatched
     trained: set[str] = field(default_factory=set)
     dropped: set[str] = field(default_factory=set)  # stale or uninformative groups, never trained
@@ -367,25 +373,28 @@ class Orchestrator:
             send(self.ctx.world, RolloutWork(items, self.sampling(purpose), purpose), engine, Tag.WORK)
 
     def _send_to_reward(self, samples: list[Sample], avoid: int | None) -> None:
+        """Send what the rubric reads of ``samples`` to the least-loaded reward worker (another than ``avoid`` if
+        there is one); the samples themselves stay in the ledger until their verdicts come back."""
         workers = [r for r in self.reward_ranks if r != avoid] or self.reward_ranks
         worker = min(workers, key=lambda r: self.reward_load[r])
         self.reward_load[worker] += len(samples)
-        send(self.ctx.world, RewardWork(samples), worker, Tag.WORK)
+        with_ids = self.cfg.reward.reads_completion_ids
+        send(self.ctx.world, RewardWork([ScoringView.of(s, with_ids) for s in samples]), worker, Tag.WORK)
         self._report("reward", True, "scoring")
 
     def _on_reward(self, message: RewardDone, worker: int) -> None:
-        self.reward_load[worker] -= len(message.samples) + len(message.failed)
+        """Merge the worker's verdicts into the samples the ledger kept; its failed samples are scored again."""
+        self.reward_load[worker] -= len(message.scored) + len(message.failed)
         self._charge_scoring(message)
         if message.failed:
-            logger.warning("reward worker rank %d failed %d sample(s); retrying them", worker, len(message.failed))
-            self.ledger.requeued_reward += len(message.failed)
-            self._send_to_reward([self.ledger.rewarding[i] for i in message.failed], avoid=worker)
-        for sample in message.samples:
-            if self.ledger.rewarding.pop(sample.sample_id, None) is None:
-                raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {sample.sample_id}")
-            sample.info.pop(
-                CONVERSATION_KEY, None
-            )  # the rewards' reading copy: the trainer and the store have the texts
+            self._score_again(message.failed, worker)
+        for verdict in message.scored:
+            sample = self.ledger.rewarding.pop(verdict.sample_id, None)
+            if sample is None:
+                raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {verdict.sample_id}")
+            self.ledger.scoring_failures.pop(verdict.sample_id, None)
+            verdict.apply_to(sample)
+            sample.info.pop(CONVERSATION_KEY, None)  # the rewards' copy: the trainer and the store have the texts
             group = self.groups[sample.group_id]
             group.append(sample)
             if len(group) == self._group_size(sample.group_id):
@@ -398,9 +407,27 @@ class Orchestrator:
                     self.results[purpose].extend(group)
         self._report("reward", any(self.reward_load.values()), "scoring")
 
+    def _score_again(self, sample_ids: list[str], worker: int) -> None:
+        """Samples whose scoring failed (the worker's rubric broke and was rebuilt) go to another worker if there is
+        one; a sample failed ``MAX_SCORING_FAILURES`` times in a row stops the job, naming the workers."""
+        logger.warning("reward worker rank %d failed %d sample(s); retrying them", worker, len(sample_ids))
+        for sample_id in sample_ids:
+            if sample_id not in self.ledger.rewarding:
+                raise RuntimeError(f"reward worker {worker} failed unknown or already scored sample {sample_id}")
+            failed_on = self.ledger.scoring_failures.setdefault(sample_id, [])
+            failed_on.append(worker)
+            if len(failed_on) >= MAX_SCORING_FAILURES:
+                who = ", ".join(f"reward[{self.reward_ranks.index(r)}] (world rank {r})" for r in failed_on)
+                raise RuntimeError(
+                    f"sample {sample_id} failed scoring {len(failed_on)} times in a row, on {who}, each time on a "
+                    "rebuilt rubric: it cannot be scored. See their logs (RUN/logs/reward_<n>.log)"
+                )
+        self.ledger.requeued_reward += len(sample_ids)
+        self._send_to_reward([self.ledger.rewarding[i] for i in sample_ids], avoid=worker)
+
     def _charge_scoring(self, message: RewardDone) -> None:
         """Split the batch's scoring time evenly over its training samples (failed ones too: they cost it)."""
-        ids = [s.sample_id for s in message.samples] + message.failed
+        ids = [s.sample_id for s in message.scored] + message.failed
         share = message.score_s / len(ids) if ids else 0.0
         for sample_id in ids:
             if sample_id in self.ledger.issued:

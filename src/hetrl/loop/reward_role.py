@@ -1,13 +1,15 @@
 """The reward role: scores finished samples with the recipe's rubric, many at once, as a stream.
 
-Each :class:`RewardWork` is answered by :class:`RewardDone` messages carrying its samples with
-rewards and flags filled in, sent as they finish (``hetrl.reward.worker.ConcurrentScorer``:
-``reward.workers`` samples at a time, so code tests run side by side on the sandbox pool and judge
-and reward-model requests are in flight together), with the wall time the worker was busy since
-its previous answer (the orchestrator turns it into ``time/reward``). The rubric never raises for
-a hostile sample (a failing source scores 0 with a flag); if scoring fails anyway (the injected
-``scorer_crash``, a broken rubric), those samples come back as ``failed`` for the orchestrator to
-retry, and the rubric is rebuilt.
+Each :class:`RewardWork` carries what the rubric reads of its samples (``ScoringView``: texts, answer,
+length, the environment's rewards; never routing arrays, images, log-probs or versions) and is answered by
+:class:`RewardDone` messages carrying the verdicts (``ScoredSample``: rewards per source, total, flags,
+metrics), sent as they finish (``hetrl.reward.worker.ConcurrentScorer``: ``reward.workers`` samples at a
+time, so code tests run side by side on the sandbox pool and judge and reward-model requests are in flight
+together), with the wall time the worker was busy since its previous answer (the orchestrator turns it into
+``time/reward``). The rubric never raises, not for a hostile sample nor for a served model that never
+answered (each scores 0 with a flag); if scoring fails anyway (the injected ``scorer_crash``, a broken
+rubric), those samples come back as ``failed`` for the orchestrator to retry a bounded number of times
+(``hetrl.loop.orchestrator.MAX_SCORING_FAILURES``), and the rubric is rebuilt.
 
 Served models: when the rubric uses the judge or the reward model, they live on the
 reward_server ranks (``hetrl.loop.reward_server_role``); this rank's main thread -- the only one
@@ -24,12 +26,10 @@ from typing import Any
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, naps, poll, send
-from hetrl.control.protocol import RewardDone, RewardWork, Shutdown
+from hetrl.control.protocol import RewardDone, RewardWork, ScoredSample, Shutdown
 from hetrl.loop import faults
 from hetrl.loop.faults import RankFaults
 from hetrl.loop.reward_server_role import RewardServerClient
-from hetrl.records import Sample
-from hetrl.reward.base import ScoringUnavailable
 from hetrl.reward.rubric import Rubric
 from hetrl.reward.worker import ConcurrentScorer
 
@@ -42,10 +42,10 @@ class _RiggedFaults:
     def __init__(self, rank_faults: RankFaults) -> None:
         self.drop = rank_faults.onset("reward_drop")
 
-    def after_scoring(self, sample: Sample) -> Sample:
+    def after_scoring(self, scored: ScoredSample) -> ScoredSample:
         if self.drop.fire():
-            sample.reward -= faults.REWARD_DROP
-        return sample
+            scored.reward -= faults.REWARD_DROP
+        return scored
 
 
 class RewardRank:
@@ -122,32 +122,26 @@ class RewardRank:
         if self.busy_since is None:
             self.busy_since = time.monotonic()
         if self.crash.fire():
-            self._fail(message.samples, RuntimeError("injected fault: the reward scorer crashed"))
+            self._fail([view.sample_id for view in message.views], RuntimeError("injected fault: the scorer crashed"))
             return True
-        for sample in message.samples:
-            self.scorer.submit(sample)
+        for view in message.views:
+            self.scorer.submit(view)
         return True
 
     def _answer(self) -> bool:
-        """Send what finished since the last round. A sample whose served model did not answer goes back to be
-        scored again; any other failure means the rubric broke: it retires, and a new one scores what comes next."""
+        """Send what finished since the last round. A failed sample means the rubric broke (a served model that never
+        answered is a verdict, not a failure): it retires, a new one scores what comes next."""
         done, failed = [], []
         for scorer in [*self.retiring, self.scorer]:
             idle = scorer is not self.scorer and not scorer.in_flight  # read before finished(): nothing can come after
             finished, lost = scorer.finished()
             done += finished
             failed += lost
-            broken = [error for _, error in lost if not isinstance(error, ScoringUnavailable)]
-            if scorer is self.scorer and broken:
-                logger.error(
-                    "scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", broken[0], len(lost)
-                )
-                self._rebuild()
+            if scorer is self.scorer and lost:
+                self._rebuild(lost[0][1], len(lost))
             if idle:
                 self.retiring.remove(scorer)
                 scorer.close()
-        if failed and all(isinstance(error, ScoringUnavailable) for _, error in failed):
-            logger.warning("%d sample(s) not scored (%s): returned for scoring again", len(failed), failed[0][1])
         if not done and not failed:
             return False
         self._send(
@@ -156,16 +150,14 @@ class RewardRank:
         liveness.tick()
         return True
 
-    def _fail(self, samples: list[Sample], error: BaseException) -> None:
-        logger.error(
-            "scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, len(samples)
-        )
-        self._rebuild()
-        self._send(RewardDone([], failed=[s.sample_id for s in samples]))
+    def _fail(self, sample_ids: list[str], error: BaseException) -> None:
+        self._rebuild(error, len(sample_ids))
+        self._send(RewardDone([], failed=sample_ids))
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, error: BaseException, num_failed: int) -> None:
         """A new rubric for what comes next. The old one retires without blocking this thread: its samples in
         flight may wait on the reward servers, whose answers only this thread's pump delivers."""
+        logger.error("scoring failed (%r): returning %d sample(s) for retry, rebuilding the rubric", error, num_failed)
         self.retiring.append(self.scorer)
         self.scorer = self._new_scorer()
 

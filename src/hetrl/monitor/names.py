@@ -97,6 +97,12 @@ JUDGE_SCORE_MASS = _spec(
     "as its next token (near 0: the judge is not answering the question asked).",
     "fraction",
 )
+REWARD_UNAVAILABLE_FRAC = _spec(
+    "reward/unavailable_frac",
+    "Fraction of the step's samples scored 0 because a served judge or reward model never answered "
+    "(reward.server.max_attempts tries; flagged reward/unavailable:<source>, never scored again).",
+    "fraction",
+)
 ENV_UNSCORED_FRAC = _spec(
     "env/unscored_frac",
     "reward source env: fraction of episodes their environment returned no verdict for "

@@ -6,7 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, Sample
+from hetrl.control.protocol import ScoredSample, ScoringView
+from hetrl.records import CONVERSATION_KEY, Sample
+
+Scorable = Sample | ScoringView  # a whole sample (evaluation, benches) or what a reward rank is sent of one
 
 
 @dataclass
@@ -28,22 +31,22 @@ class RewardOutcome:
     flags: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def verdict(self, sample_id: str) -> ScoredSample:
+        """The outcome as a reward rank sends it back."""
+        return ScoredSample(sample_id, dict(self.per_source), self.total, list(self.flags), dict(self.metrics))
+
     def apply_to(self, sample: Sample) -> Sample:
         """Write the outcome into the shared record (rewards, reward, flags, the functions' metrics)."""
-        sample.rewards = dict(self.per_source)
-        sample.reward = self.total
-        sample.flags = sorted(set(sample.flags) | set(self.flags))
-        sample.info[REWARD_METRICS_KEY] = dict(self.metrics)
-        return sample
+        return self.verdict(sample.sample_id).apply_to(sample)
 
 
-RewardFn = Callable[[Sample], "float | RewardValue"]
+RewardFn = Callable[[Scorable], "float | RewardValue"]
 
 
 class ScoringUnavailable(RuntimeError):
     """A source could not score for a reason outside the sample: its served judge or reward model did not
-    answer. The rubric lets it through (a 0 would be a verdict the sample did not earn), and the reward
-    role returns the sample to the orchestrator to be scored again."""
+    answer within ``reward.server.max_attempts`` tries. The rubric scores the sample 0, flagged
+    ``reward/unavailable:<source>`` (hetrl.reward.rubric): it is never sent again."""
 
 
 def as_value(result: float | RewardValue) -> RewardValue:
@@ -54,7 +57,12 @@ def as_value(result: float | RewardValue) -> RewardValue:
     return RewardValue(float(result))
 
 
-def conversation(sample: Sample) -> list[dict[str, str]]:
+def completion_tokens(sample: Scorable) -> int:
+    """Tokens of the completion (environment turns included): a view counts them, it carries no ids by default."""
+    return sample.num_completion_tokens if isinstance(sample, ScoringView) else len(sample.completion_ids)
+
+
+def conversation(sample: Scorable) -> list[dict[str, str]]:
     """The episode as text chat messages: what a judge or a reward model reads.
 
     The episode runner records it; a sample made elsewhere falls back to its decoded prompt and
@@ -66,7 +74,7 @@ def conversation(sample: Sample) -> list[dict[str, str]]:
     return [{"role": "user", "content": sample.prompt_text}, {"role": "assistant", "content": sample.completion_text}]
 
 
-def prompt_and_response(sample: Sample) -> tuple[str, str]:
+def prompt_and_response(sample: Scorable) -> tuple[str, str]:
     """What was asked (every message before the policy's first turn) and what the policy answered:
     its turn, or for a multi-turn episode the rest of the conversation with each message's role."""
     messages = conversation(sample)
@@ -78,6 +86,6 @@ def prompt_and_response(sample: Sample) -> tuple[str, str]:
     return prompt, "\n\n".join(f"[{m['role']}] {m['content']}" for m in answered)
 
 
-def policy_text(sample: Sample) -> str:
+def policy_text(sample: Scorable) -> str:
     """What the policy itself wrote: its turns only (a tool's output or a file's content is not its doing)."""
     return "\n\n".join(m["content"] for m in conversation(sample) if m["role"] == "assistant")

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.config.reward import SandboxConfig, SandboxLimits
-from hetrl.records import Sample
-from hetrl.reward.base import RewardValue
+from hetrl.reward.base import RewardValue, Scorable
 from hetrl.reward.hacking import (
     CHANNEL_TAMPER,
     EARLY_EXIT,
@@ -203,7 +202,7 @@ class CodeReward:
         if self._owns_pool:
             self._pool.close()
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         code = extract_code(sample.completion_text)
         spec = sample.answer if isinstance(sample.answer, dict) else {}
         flags = set(scan_code(code)) if self.static_scan else set()

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hetrl.config.reward import JudgeConfig
-from hetrl.records import Sample
-from hetrl.reward.base import RewardValue, ScoringUnavailable, policy_text, prompt_and_response
+from hetrl.reward.base import RewardValue, Scorable, ScoringUnavailable, policy_text, prompt_and_response
 from hetrl.reward.hacking import JUDGE_IMPERSONATION, JUDGE_INJECTION
 from hetrl.reward.judge_impersonation import impersonations
 from hetrl.reward.serving import Completion, CompletionResult
@@ -363,7 +362,7 @@ class JudgePipeline:
     def _ask(self, request: Completion) -> CompletionResult | None:
         try:
             return self.ask(request)
-        except ScoringUnavailable:  # no judge answered at all: no verdict to give, the sample is scored again later
+        except ScoringUnavailable:  # no judge answered at all: no verdict (the rubric scores the sample 0, flagged)
             raise
         except Exception:  # the judge could not take this request: a failed attempt
             return None
@@ -398,7 +397,7 @@ class JudgeReward:
     def __init__(self, reward_server: JudgeServer, judge_config: JudgeConfig) -> None:
         self.pipeline = JudgePipeline(reward_server.judge, judge_config)
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         v = self.pipeline.judge(*prompt_and_response(sample), written=policy_text(sample))
         metrics = {"judge/failed_frac": float(v.failed)}  # averaged over the step's samples: a fraction
         if self.pipeline.config.scoring == "expected" and not v.failed and v.attempts:

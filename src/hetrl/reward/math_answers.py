@@ -50,8 +50,7 @@ from math_verify import parse, verify
 from math_verify.grader import get_pct_val
 from sympy.matrices.expressions import MatrixExpr
 
-from hetrl.records import Sample
-from hetrl.reward.base import RewardValue
+from hetrl.reward.base import RewardValue, Scorable
 from hetrl.reward.deadline import DeadlineCaller
 from hetrl.reward.hacking import MULTIPLE_ANSWERS
 from hetrl.reward.math_forms import braced_variable_tail, decimal_commas, restatements, sentence_stops
@@ -526,7 +525,7 @@ class MathReward:
         tag = re.escape(answer_tag) if answer_tag else None
         self.tag_pattern = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL) if tag else None
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         if sample.answer is None:
             return RewardValue(0.0, [NO_ANSWER], info={"reason": "sample has no reference answer"})
         text = sample.completion_text

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hetrl.records import Sample
-from hetrl.reward.base import RewardValue, conversation
+from hetrl.reward.base import RewardValue, Scorable, conversation
 
 
 class RewardModelServer(Protocol):
@@ -29,5 +28,5 @@ class RewardModelReward:
         self.server = reward_server
         self.scale = scale
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         return RewardValue(self.scale * self.server.reward_model(conversation(sample)))

@@ -9,7 +9,11 @@ recipe's ``reward.sandbox.*`` -- shares it between those functions and closes it
 
 Invariants of ``score`` (it never raises): a source that errors scores 0 with flag
 ``reward/error:<source>``; a nan/inf or out-of-range value scores 0 with a ``hack/`` flag; any
-``hack/`` flag from any source zeroes the TOTAL, so one fooled verifier cannot pay for a hack.
+``hack/`` flag from any source zeroes the TOTAL, so one fooled verifier cannot pay for a hack. A source
+whose served model did not answer (``ScoringUnavailable``: ``reward.server.max_attempts`` tries spent)
+scores 0 with flag ``reward/unavailable:<source>`` and zeroes the TOTAL too: the other sources alone would
+pay a verdict the sample did not earn, and sending it again could wait forever on a model that is gone.
+Its metric ``reward/unavailable_frac`` (1 or 0, on every sample) counts such samples in each step.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetrl.config.reward import REWARD_ALLOWLIST, RewardConfig
-from hetrl.records import Sample
-from hetrl.reward.base import RewardFn, RewardOutcome, ScoringUnavailable, as_value
+from hetrl.reward.base import RewardFn, RewardOutcome, Scorable, ScoringUnavailable, as_value
 from hetrl.reward.hacking import OUT_OF_RANGE_REWARD, check_value, is_hack
 from hetrl.sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
+UNAVAILABLE_FLAG = "reward/unavailable"  # ":<source>" follows: its served model never answered
 
 
 @dataclass
@@ -91,15 +95,18 @@ class Rubric:
             raise
         return cls(fns, config.clip_min, config.clip_max, owned)
 
-    def score(self, sample: Sample) -> RewardOutcome:
+    def score(self, sample: Scorable) -> RewardOutcome:
         per_source: dict[str, float] = {}
         flags: list[str] = []
         metrics: dict[str, float] = {}
         for wf in self.functions:
             try:
                 value = as_value(wf.fn(sample))
-            except ScoringUnavailable:
-                raise
+            except ScoringUnavailable as exc:
+                log.warning("reward source %s could not score %s: %s", wf.source, sample.sample_id, exc)
+                flags.append(f"{UNAVAILABLE_FLAG}:{wf.source}")
+                per_source[wf.source] = 0.0
+                continue
             except Exception as exc:  # a broken reward source must not stop the stream
                 log.warning("reward source %s failed on %s: %s", wf.source, sample.sample_id, exc)
                 flags.append(f"reward/error:{wf.source}")
@@ -113,9 +120,11 @@ class Rubric:
         total = sum(wf.weight * per_source[wf.source] for wf in self.functions if wf.weight != 0)
         if not self.clip_min <= total <= self.clip_max:
             flags.append(OUT_OF_RANGE_REWARD)
-        if is_hack(flags):
+        unavailable = any(flag.startswith(UNAVAILABLE_FLAG) for flag in flags)
+        if is_hack(flags) or unavailable:
             total = 0.0
         metrics["reward/hacked"] = float(is_hack(flags))
+        metrics["reward/unavailable_frac"] = float(unavailable)  # hetrl.monitor.names: averaged over the step
         return RewardOutcome(total=total, per_source=per_source, flags=sorted(set(flags)), metrics=metrics)
 
     def close(self) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import re
 
-from hetrl.records import Sample
-from hetrl.reward.base import RewardValue
+from hetrl.reward.base import RewardValue, Scorable, completion_tokens
 
 
 class FormatReward:
@@ -23,7 +22,7 @@ class FormatReward:
     def __init__(self, pattern: str = DEFAULT) -> None:
         self.pattern = re.compile(pattern, re.S)
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         ok = self.pattern.fullmatch(sample.completion_text.strip()) is not None
         return RewardValue(float(ok), [] if ok else ["format/mismatch"])
 
@@ -43,8 +42,8 @@ class OverlongPenalty:
             )
         self.max_tokens, self.buffer, self.penalty = max_tokens, buffer_tokens, penalty
 
-    def __call__(self, sample: Sample) -> RewardValue:
-        n = len(sample.completion_ids)
+    def __call__(self, sample: Scorable) -> RewardValue:
+        n = completion_tokens(sample)
         start = self.max_tokens - self.buffer
         if n > self.max_tokens or sample.finish_reason == "length":
             return RewardValue(-self.penalty, ["length/truncated"])
@@ -59,8 +58,8 @@ class LengthPenalty:
             raise ValueError(f"target_tokens must be > 0, got {target_tokens}")
         self.target, self.coef = target_tokens, coef
 
-    def __call__(self, sample: Sample) -> RewardValue:
-        excess = max(0, len(sample.completion_ids) - self.target)
+    def __call__(self, sample: Scorable) -> RewardValue:
+        excess = max(0, completion_tokens(sample) - self.target)
         return RewardValue(-self.coef * excess / self.target)
 
 
@@ -75,8 +74,10 @@ class RepetitionPenalty:
             raise ValueError(f"repetition penalty needs ngram >= 1 and 0 <= threshold < 1, got {ngram}, {threshold}")
         self.n, self.threshold, self.coef = ngram, threshold, coef
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         ids = sample.completion_ids
+        if ids is None:  # a view sent without them: RewardConfig.reads_completion_ids does not name this function
+            raise ValueError("the repetition penalty reads token ids, and this sample came without them")
         grams = [tuple(ids[i : i + self.n]) for i in range(len(ids) - self.n + 1)]
         if not grams:
             return RewardValue(0.0, metrics={"repetition/ratio": 0.0})
@@ -100,7 +101,7 @@ class NumericCloseness:
         self.scale = scale
         self.pattern = re.compile(rf"<{re.escape(answer_tag)}>\s*(-?\d+(?:\.\d+)?)\s*</{re.escape(answer_tag)}>")
 
-    def __call__(self, sample: Sample) -> RewardValue:
+    def __call__(self, sample: Scorable) -> RewardValue:
         found = self.pattern.findall(sample.completion_text)
         try:
             reference = float(str(sample.answer).strip())

@@ -1,4 +1,4 @@
-"""Concurrent scoring for the reward role: samples in, scored samples out as each one finishes.
+"""Concurrent scoring for the reward role: samples in, verdicts out as each one finishes.
 
 Why threads: a rubric's sources spend their time waiting -- on sandboxed test programs (each a
 subprocess), on the served judge or reward model (a request over the control plane), on
@@ -7,10 +7,9 @@ slowest program; ``concurrency`` samples at once keep the sandbox pool and the s
 while the caller (the reward role's MPI loop, which owns every MPI call) keeps polling.
 
 Contract: :meth:`ConcurrentScorer.submit` never blocks; :meth:`ConcurrentScorer.finished` returns
-what completed since the last call, scored samples and ``(sample_id, error)`` of samples whose
-scoring failed (the rubric never raises for a hostile sample: a failure means a served model did
-not answer -- ``ScoringUnavailable`` -- or the rubric broke, and the orchestrator has those samples
-scored again).
+what completed since the last call, the verdicts (``ScoredSample``) and ``(sample_id, error)`` of samples
+whose scoring failed (the rubric never raises, not for a hostile sample nor for a served model that did
+not answer: a failure means the rubric broke, and the orchestrator has those samples scored again).
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from hetrl.records import Sample
+from hetrl.control.protocol import ScoredSample
+from hetrl.reward.base import Scorable
 from hetrl.reward.rubric import Rubric
 
 
@@ -32,7 +32,7 @@ class ConcurrentScorer:
         self.rubric = rubric
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="score")
         self._lock = threading.Lock()
-        self._done: list[Sample] = []
+        self._done: list[ScoredSample] = []
         self._failed: list[tuple[str, BaseException]] = []
         self._in_flight = 0
         self.wake = wake or threading.Event()  # set whenever a sample finishes: the caller may sleep on it
@@ -42,19 +42,19 @@ class ConcurrentScorer:
         with self._lock:
             return self._in_flight
 
-    def submit(self, sample: Sample) -> None:
+    def submit(self, sample: Scorable) -> None:
         with self._lock:
             self._in_flight += 1
         self._executor.submit(self._score, sample).add_done_callback(self._collect_crash(sample))
 
-    def _score(self, sample: Sample) -> None:
-        scored = self.rubric.score(sample).apply_to(sample)
+    def _score(self, sample: Scorable) -> None:
+        scored = self.rubric.score(sample).verdict(sample.sample_id)
         with self._lock:
             self._done.append(scored)
             self._in_flight -= 1
         self.wake.set()
 
-    def _collect_crash(self, sample: Sample) -> Callable[[Future], None]:
+    def _collect_crash(self, sample: Scorable) -> Callable[[Future], None]:
         def check(future: Future) -> None:
             if future.cancelled():  # never started: close() cancelled it
                 with self._lock:
@@ -70,8 +70,8 @@ class ConcurrentScorer:
 
         return check
 
-    def finished(self) -> tuple[list[Sample], list[tuple[str, BaseException]]]:
-        """Scored samples and ``(sample_id, error)`` of failed ones since the last call; never blocks."""
+    def finished(self) -> tuple[list[ScoredSample], list[tuple[str, BaseException]]]:
+        """Verdicts and ``(sample_id, error)`` of failed samples since the last call; never blocks."""
         with self._lock:
             done, failed = self._done, self._failed
             self._done, self._failed = [], []
