@@ -99,13 +99,13 @@ async def rerun_until_done(client, codec):
         "lost": lost,
         "placed_on": placed,
         "errors": errors[:1],
-        "live": client.live,
+        "live": [s for s in client.servers if s not in client.down],
     }
 
 
 def drive(mode):
     codec = ChatCodec(build_char_tokenizer())
-    client = EnvRoleClient(RoleContext(MPI.COMM_WORLD, None, PLAN, PLAN.assignments[0]))
+    client = EnvRoleClient(RoleContext(MPI.COMM_WORLD, None, PLAN, PLAN.assignments[0]), CFG.env.call_timeout_s)
     if mode == "compare":
 
         def groups(make_env):

@@ -41,7 +41,13 @@ class ScriptedJudge:
 
 def context(world) -> SimpleNamespace:
     roles = {"reward_server": [0, 1], "reward": [2]}
-    return SimpleNamespace(world=world, plan=SimpleNamespace(ranks_of=lambda role: roles.get(role, [])))
+    role = "reward_server" if world.Get_rank() < 2 else "reward"
+    return SimpleNamespace(
+        world=world,
+        role=role,
+        assignment=SimpleNamespace(role_rank=roles[role].index(world.Get_rank())),
+        plan=SimpleNamespace(ranks_of=lambda role: roles.get(role, [])),
+    )
 
 
 def ask_all(client: RewardServerClient, prompts: list[str]) -> dict[str, str]:
@@ -74,7 +80,7 @@ def main() -> int:
         return 0
     client = RewardServerClient(ctx, timeout_s=TIMEOUT_S, max_attempts=2)
     deadline = time.monotonic() + 30
-    while client.ready != {0, 1} and time.monotonic() < deadline:  # both replicas said ServerReady: spread over both
+    while client.ready != {0, 1} and time.monotonic() < deadline:  # both replicas said Ready: spread over both
         client.pump()
         time.sleep(0.001)
     seen = {"many": ask_all(client, [f"q{i}" for i in range(16)])}

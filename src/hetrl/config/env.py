@@ -112,6 +112,14 @@ class EnvConfig(Section):
         "the rollout). Use role when environment steps are heavy (sandboxed tools, terminals) or must not share the "
         "GPU nodes' cores.",
     )
+    call_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="placement=role: an env call (reset, step, close) its env rank has not answered this long fails "
+        "its episode, which the orchestrator runs again under the same sample id on an env rank still up, as when "
+        "the rank goes down. Keep it above the slowest environment step (a sandboxed tool's "
+        "reward.sandbox.limits.wall_s).",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments of the environment (e.g. code: max_attempts)."
     )

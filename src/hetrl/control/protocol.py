@@ -5,7 +5,7 @@ every sample id; a worker only ever answers with the ids it was given, so the or
 prove that each sample was generated, rewarded and trained at most once.
 
 Sections: the orchestrator's work and its results (rollout, reward, trainer), weight pushes,
-checkpoints, the env and reward-server services, and pre-emption.
+checkpoints, the services (env, reward server), and pre-emption.
 """
 
 from __future__ import annotations
@@ -213,69 +213,42 @@ class Restored:
     loop_state: dict[str, Any]
 
 
-# ---------------------------------------------------------------- the env service (rollout <-> env)
+# ---------------------------------------------------------------- services (rollout <-> env, reward <-> reward_server)
+# hetrl.control.service: a client sends Requests and ClientDone on Tag.WORK; a server answers Ready, Replies and Down
+# on Tag.RESULT.
 
 
 @dataclass
-class EnvCalls:
-    """Requests ``(request_id, method, episode_id, args)`` of one rollout rank to one env rank."""
-
-    calls: list[tuple]
-
-
-@dataclass
-class EnvReplies:
-    """Answers ``(request_id, ok, value)``; ``open_episodes`` is the server's load when it sent them."""
-
-    replies: list[tuple]
-    open_episodes: int
-
-
-@dataclass
-class EnvDown:
-    """The env rank stopped serving; every episode it held is gone."""
-
-    reason: str
-
-
-@dataclass
-class EnvClientDone:
-    """The rollout rank is leaving: it sends no more calls and needs no more answers."""
-
-
-# ---------------------------------------------------------------- the reward-server service (reward <-> reward_server)
-
-
-@dataclass
-class ServeCalls:
-    """Requests ``(request_id, model, payload)``: a :class:`Completion` for the judge, chat messages for the reward
-    model."""
+class Requests:
+    """``(request_id, method, payload)`` of one client round to one server; ids are the client's own."""
 
     calls: list[tuple[int, str, Any]]
 
 
 @dataclass
-class ServeReplies:
-    """Answers ``(request_id, ok, value)``: a CompletionResult or a float, or the error's text when not ok."""
+class Replies:
+    """Answers ``(request_id, ok, value)`` (the error's text when not ok); ``load`` is the server's load as it sent
+    them (open episodes, requests held): clients route new work to the least loaded."""
 
     replies: list[tuple[int, bool, Any]]
+    load: int
 
 
 @dataclass
-class ServerReady:
-    """The server's models are loaded: requests sent now are answered within a batch's time."""
+class Ready:
+    """The server can serve (its models are loaded): requests sent now are answered within a request's deadline."""
 
 
 @dataclass
-class ServerDown:
-    """The server stopped serving; every request it held is unanswered."""
+class Down:
+    """The server stopped serving for good; every request it held is unanswered."""
 
     reason: str
 
 
 @dataclass
-class ServeClientDone:
-    """The reward worker is leaving: it sends no more requests."""
+class ClientDone:
+    """The client is leaving: it sends no more requests and needs no more answers."""
 
 
 # ---------------------------------------------------------------- pre-emption (any rank -> orchestrator)
