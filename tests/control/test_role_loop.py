@@ -163,3 +163,24 @@ def test_arun_yields_to_the_tasks_a_moving_round_woke_and_wakes_on_awake(monkeyp
     assert order == ["work", "answered", "work", "work"]
     assert rig.reports == [("idle", "waiting for env calls")] * 3
     assert rig.naps_taken == [(2, 0)]  # the Ping's round restarted the naps
+
+
+def test_handle_dispatches_one_message_without_polling(monkeypatch):
+    """For a role that waits on its own (the trainer's broadcast, the orchestrator's one result at a time)."""
+    rig = Rig(monkeypatch, [])
+    seen = []
+    loop = RoleLoop(rig.ctx, {Ping: lambda m, s: seen.append((m.n, s))})
+    loop.handle(Ping(4), 8)
+    assert seen == [(4, 8)] and rig.polls == []
+    with pytest.raises(
+        TypeError, match=r"reward\[2\] got an unexpected Stop from world rank 8 \(it handles \['Ping'\]"
+    ):
+        loop.handle(Stop(), 8)
+
+
+def test_an_idle_callable_says_each_round_what_the_role_waits_for(monkeypatch):
+    rig = Rig(monkeypatch, [[], [], [(Stop(), 3)]])
+    waiting_for = iter(["episodes", "the trainer's step", "episodes"])
+    loop = RoleLoop(rig.ctx, {Stop: lambda m, s: setattr(loop, "stop", True)})
+    loop.run(idle=lambda: next(waiting_for))
+    assert rig.reports == [("idle", "episodes"), ("idle", "the trainer's step"), ("idle", "episodes")]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hetrl.control.protocol import MemoryReleased, PushRefused, ReleaseMemory, ServingWeights, SyncWeights
+from hetrl.control.role_loop import RoleLoop
 from hetrl.loop import rollout_role
 from hetrl.loop.rollout_role import RolloutWorker
 from hetrl.transport.weights import StagedWeights, shared_memory
@@ -67,6 +68,7 @@ def _worker(monkeypatch, engine: _Engine, receiver: _Receiver, refuse: bool = Fa
     worker.cfg = SimpleNamespace(rollout=SimpleNamespace(weight_sync_retries=retries))
     worker.engine, worker.receiver, worker.refused_in_a_row, worker.last_push = engine, receiver, 0, None
     worker.refuse_push = SimpleNamespace(fire=lambda: refuse)
+    worker.loop = RoleLoop(worker.ctx, worker.handlers(), source=0)
     return worker, sent
 
 
@@ -105,12 +107,12 @@ def test_a_refused_push_is_reported_freed_and_stops_the_job_past_the_retries(mon
 def test_a_colocated_engine_sleeps_when_told_and_wakes_its_weights_for_the_push_then_its_kv_cache(monkeypatch, shm):
     engine = _Engine(2)
     worker, sent = _worker(monkeypatch, engine, _Receiver(_staged_in_shared_memory(3)))
-    worker._handle(ReleaseMemory())
+    worker.loop.handle(ReleaseMemory(), 0)
     assert engine.turns == ["sleep"] and sent == [MemoryReleased()]
-    worker._handle(SyncWeights(3))
+    worker.loop.handle(SyncWeights(3), 0)
     assert engine.turns == ["sleep", "wake weights", "load v3", "wake kv_cache"] and not engine.asleep
     assert sent[1:] == [ServingWeights(3)]
-    worker._handle(SyncWeights(3, attempt=1))  # sent again for another engine's sake: awake, nothing to wake
+    worker.loop.handle(SyncWeights(3, attempt=1), 0)  # sent again for another engine's sake: awake, nothing to wake
     assert engine.turns[4:] == [] and not list(shm.iterdir())
 
 
@@ -118,7 +120,7 @@ def test_a_push_refused_while_asleep_still_wakes_the_kv_cache(monkeypatch, shm):
     """The engine then serves its old weights, as an engine that never slept would."""
     engine = _Engine(2)
     worker, sent = _worker(monkeypatch, engine, _Receiver(_staged_in_shared_memory(3)), refuse=True)
-    worker._handle(ReleaseMemory())
-    worker._handle(SyncWeights(3))
+    worker.loop.handle(ReleaseMemory(), 0)
+    worker.loop.handle(SyncWeights(3), 0)
     assert engine.turns == ["sleep", "wake weights", "wake kv_cache"] and not engine.asleep
     assert isinstance(sent[-1], PushRefused) and engine.version == 2

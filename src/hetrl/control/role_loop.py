@@ -61,19 +61,24 @@ class RoleLoop:
         while (got := poll(self.ctx.world, self.source, self.tag)) is not None:
             message, source, _ = got
             got_any = True
-            handler = self.handlers.get(type(message))
-            if handler is None:
-                raise TypeError(
-                    f"{self.ctx.role}[{self.ctx.assignment.role_rank}] got an unexpected {type(message).__name__} "
-                    f"from world rank {source} (it handles {sorted(t.__name__ for t in self.handlers)})"
-                )
-            handler(message, source)
+            self.handle(message, source)
         return got_any
 
-    def _report(self, moved: bool, activity: Callable[[], str | None], idle: str) -> None:
+    def handle(self, message: Any, source: int) -> None:
+        """``message`` to the handler of its type, for :meth:`receive` and for a role that waits on its own: the
+        trainer ranks take the leader's message through a broadcast, the orchestrator one result at a time."""
+        handler = self.handlers.get(type(message))
+        if handler is None:
+            raise TypeError(
+                f"{self.ctx.role}[{self.ctx.assignment.role_rank}] got an unexpected {type(message).__name__} "
+                f"from world rank {source} (it handles {sorted(t.__name__ for t in self.handlers)})"
+            )
+        handler(message, source)
+
+    def _report(self, moved: bool, activity: Callable[[], str | None], idle: str | Callable[[], str]) -> None:
         what = activity()
         if what is None:
-            liveness.idle(idle)
+            liveness.idle(idle() if callable(idle) else idle)
         elif moved:
             liveness.busy(what)
 
@@ -81,11 +86,12 @@ class RoleLoop:
         self,
         work: Callable[[], bool] = _nothing_moved,
         activity: Callable[[], str | None] = _no_activity,
-        idle: str = "waiting for work",
+        idle: str | Callable[[], str] = "waiting for work",
     ) -> None:
         """Rounds until :attr:`stop`: :meth:`receive`, then ``work()`` (the role's own progress; True if it moved),
-        liveness (``activity()``: None when the role holds nothing, else what it is busy with), then a nap unless
-        the round moved. The nap ends early when ``wake`` is set (it is cleared then)."""
+        liveness (``activity()``: None when the role holds nothing, else what it is busy with; ``idle``, or what it
+        returns, is what an idle role waits for), then a nap unless the round moved. The nap ends early when ``wake``
+        is set (it is cleared then)."""
         pauses = naps()
         while True:
             moved = self.receive()
@@ -105,7 +111,7 @@ class RoleLoop:
         self,
         work: Callable[[], Awaitable[bool]],
         activity: Callable[[], str | None] = _no_activity,
-        idle: str = "waiting for work",
+        idle: str | Callable[[], str] = "waiting for work",
         *,
         awake: asyncio.Event | None = None,
     ) -> None:

@@ -61,6 +61,7 @@ from hetrl.control.protocol import (
     TrainDone,
     TrainWork,
 )
+from hetrl.control.role_loop import RoleLoop
 from hetrl.env.episodes import group_items
 from hetrl.env.registry import build_held_out_split
 from hetrl.env.tasks.base import TaskStream
@@ -173,6 +174,20 @@ class Orchestrator:
         self._reward_s: dict[str, float] = defaultdict(float)  # training sample id -> its share of scoring time
         self.monitor: Any | None = None
         self.adaptive_bound = build_adaptive_bound(cfg.schedule)  # None: the schedule's bound is fixed
+        # What pump does with each result; its wait is its own (one result at a time, inside the schedule).
+        self._results = RoleLoop(
+            ctx,
+            {
+                RolloutDone: self._on_rollout,
+                RewardDone: self._on_reward,
+                TrainDone: self._on_train_done,
+                PushRefused: self._on_push_refused,
+                ServingWeights: self._on_serving,
+                PushFailed: self._on_push_failed,
+                MemoryReleased: self._on_memory_released,
+            },
+            tag=Tag.RESULT,
+        )
 
     def attach_monitor(self, monitor: Any) -> None:
         """Report role states and progress to ``monitor`` (a hetrl.monitor.Monitor) and have it redraw the console while
@@ -248,26 +263,20 @@ class Orchestrator:
             time.sleep(next(pauses) if deadline is None else min(next(pauses), max(0.0, deadline - now)))
         message, source, _ = got
         liveness.busy(f"handling a result, then on with the loop (was waiting for {waiting_for})")
-        if isinstance(message, RolloutDone):
-            self._on_rollout(message, source)
-        elif isinstance(message, RewardDone):
-            self._on_reward(message, source)
-        elif isinstance(message, TrainDone):
-            self.train_done = message
-        elif isinstance(message, PushRefused):
-            self._on_push_refused(message, source)
-        elif isinstance(message, ServingWeights):
-            self.serving[source] = max(self.serving[source], message.version)
-            if message.version >= self.version:
-                self._push_pending.pop(source, None)
-            elif source in self._push_pending:  # a late answer to an older push: alive, and owing the current one
-                self._push_pending[source] = time.monotonic()
-        elif isinstance(message, PushFailed):
-            self._on_push_failed(message)
-        elif isinstance(message, MemoryReleased):
-            self._awake.discard(source)
-        else:
-            raise TypeError(f"orchestrator got an unexpected {type(message).__name__} from rank {source}")
+        self._results.handle(message, source)
+
+    def _on_train_done(self, message: TrainDone, trainer: int) -> None:
+        self.train_done = message
+
+    def _on_serving(self, message: ServingWeights, engine: int) -> None:
+        self.serving[engine] = max(self.serving[engine], message.version)
+        if message.version >= self.version:
+            self._push_pending.pop(engine, None)
+        elif engine in self._push_pending:  # a late answer to an older push: alive, and owing the current one
+            self._push_pending[engine] = time.monotonic()
+
+    def _on_memory_released(self, message: MemoryReleased, engine: int) -> None:
+        self._awake.discard(engine)
 
     def _on_rollout(self, message: RolloutDone, engine: int) -> None:
         for sample in message.samples:
@@ -305,7 +314,7 @@ class Orchestrator:
         self.to_trainer(PushWeights(self.version, self._push_attempt))
         self.sync_engines(self.version, self._push_attempt)
 
-    def _on_push_failed(self, message: PushFailed) -> None:
+    def _on_push_failed(self, message: PushFailed, trainer: int) -> None:
         """The trainer's push broke off: name the engines that had not taken it, and stop."""
         current = (message.version, message.attempt) == (self.version, self._push_attempt)
         self._push_not_taken(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrl.control import rundir
-from hetrl.control.comm import RoleContext, Tag, envelope, poll, send
+from hetrl.control.comm import RoleContext, Tag, envelope, naps, poll, send
 from hetrl.control.protocol import Bye, PreemptNotice
 
 logger = logging.getLogger(__name__)
@@ -89,13 +89,14 @@ def say_bye(ctx: RoleContext) -> None:
 
 
 def wait_for_byes(ctx: RoleContext, timeout_s: float = 60.0) -> None:
-    """Orchestrator: wait (sleeping) until every other rank said :class:`Bye`, at most ``timeout_s``."""
+    """Orchestrator: wait (sleeping ``comm.naps``) until every other rank said :class:`Bye`, at most ``timeout_s``."""
     missing = set(range(ctx.world.Get_size())) - {ctx.rank}
     deadline = time.monotonic() + timeout_s
-    while missing and time.monotonic() < deadline:
+    pauses = naps()
+    while missing and (now := time.monotonic()) < deadline:
         got = poll(ctx.world, tag=Tag.CONTROL)
         if got is None:
-            time.sleep(0.01)
+            time.sleep(min(next(pauses), deadline - now))
         elif isinstance(got[0], Bye):
             missing.discard(got[1])
     if missing:

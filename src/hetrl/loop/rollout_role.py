@@ -39,7 +39,7 @@ from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, naps, poll, send
+from hetrl.control.comm import RoleContext, Tag, send
 from hetrl.control.protocol import (
     MemoryReleased,
     PushRefused,
@@ -50,6 +50,7 @@ from hetrl.control.protocol import (
     Shutdown,
     SyncWeights,
 )
+from hetrl.control.role_loop import Handler, RoleLoop
 from hetrl.env.chat import ChatCodec
 from hetrl.env.episodes import EpisodeRunner
 from hetrl.env.registry import env_factory
@@ -83,7 +84,7 @@ class RolloutWorker:
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.env_client = None
         if cfg.env.placement == "role":
-            self.env_client = EnvRoleClient(ctx, cfg.env.call_timeout_s)
+            self.env_client = EnvRoleClient(ctx)
         make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
         self.episodes = EpisodeRunner(
             make_env,
@@ -95,7 +96,8 @@ class RolloutWorker:
         )
         self._waiting: dict[str, asyncio.Future] = {}
         self._request_ids = itertools.count()
-        self.stop = False
+        self._episodes_started = False  # since the last engine step
+        self.loop = RoleLoop(ctx, self.handlers(), source=ctx.orchestrator_rank)
         self._generating_since: float | None = None  # when work last came to an engine holding no episodes
 
     def _new_engine(self) -> Any:
@@ -118,27 +120,37 @@ class RolloutWorker:
         self.engine.submit(GenerationRequest(request_id, prompt_ids, sampling, images=list(images or ())))
         return await future
 
-    def _handle(self, message: Any) -> None:
-        if isinstance(message, RolloutWork):
-            if self._generating_since is None:
-                self._generating_since = time.time()
-            for item in message.items:
-                self.episodes.start(item, message.sampling)
-        elif isinstance(message, SyncWeights):
-            self._wake("weights")
-            try:
-                self._sync_weights(message)
-            finally:
-                self._wake("kv_cache")  # the push is in (or refused): generation follows
-        elif isinstance(message, ReleaseMemory):
-            liveness.busy("releasing the engine's memory for the trainer's step")
-            with timeline.span("sleep"):
-                self.engine.release_memory()
-            send(self.ctx.world, MemoryReleased(), self.ctx.orchestrator_rank, Tag.RESULT)
-        elif isinstance(message, Shutdown):
-            self.stop = True
-        else:
-            raise TypeError(f"rollout rank got an unexpected message {type(message).__name__}")
+    def handlers(self) -> dict[type, Handler]:
+        """What this rank does with each of the orchestrator's messages."""
+        return {
+            RolloutWork: self._on_work,
+            SyncWeights: self._on_sync,
+            ReleaseMemory: self._on_release,
+            Shutdown: self._on_shutdown,
+        }
+
+    def _on_work(self, message: RolloutWork, source: int) -> None:
+        if self._generating_since is None:
+            self._generating_since = time.time()
+        for item in message.items:
+            self.episodes.start(item, message.sampling)
+        self._episodes_started = True
+
+    def _on_sync(self, message: SyncWeights, source: int) -> None:
+        self._wake("weights")
+        try:
+            self._sync_weights(message)
+        finally:
+            self._wake("kv_cache")  # the push is in (or refused): generation follows
+
+    def _on_release(self, message: ReleaseMemory, source: int) -> None:
+        liveness.busy("releasing the engine's memory for the trainer's step")
+        with timeline.span("sleep"):
+            self.engine.release_memory()
+        send(self.ctx.world, MemoryReleased(), self.ctx.orchestrator_rank, Tag.RESULT)
+
+    def _on_shutdown(self, message: Shutdown, source: int) -> None:
+        self.loop.stop = True
 
     def _wake(self, tag: str) -> None:
         """Bring ``tag`` (``weights``, ``kv_cache``) back if the engine released it: a ``wake <tag>`` span."""
@@ -229,45 +241,41 @@ class RolloutWorker:
             self.engine.load_weights(self.last_push)
 
     async def run(self) -> None:
-        """Poll rounds until Shutdown. A round that moved nothing naps (``comm.naps``: ~2 ms for a second after the
-        last movement, then up to 20 ms): episodes waiting on tools or env ranks must not spin the core their tools
-        need."""
-        orchestrator = self.ctx.orchestrator_rank
-        pauses = naps()
-        while not self.stop:
-            got_work = False
-            while (got := poll(self.ctx.world, orchestrator, Tag.WORK)) is not None:
-                self._handle(got[0])
-                got_work = True
-            env_moved = self.env_client.pump() if self.env_client else False
-            if got_work or env_moved:
-                await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
-            moved = self._step_engine() or got_work or env_moved
-            self._report_liveness(moved)
-            if moved:
-                pauses = naps()
-                await asyncio.sleep(0)  # the episodes' turns
-            else:
-                await asyncio.sleep(next(pauses))
-            done, failed = self.episodes.take()
-            if done or failed:
-                send(self.ctx.world, RolloutDone(done, failed), orchestrator, Tag.RESULT)
+        """The role loop's rounds until Shutdown (``hetrl.control.role_loop``): the orchestrator's messages, then
+        :meth:`_work`. A round that moved nothing naps: episodes waiting on tools or env ranks must not spin the
+        core their tools need."""
+        await self.loop.arun(self._work, self._activity, self._idle)
         if self.env_client:
             self.env_client.close()
         self.engine.shutdown()
 
-    def _report_liveness(self, moved: bool) -> None:
-        """Busy while it holds episodes (a decoding step or an env answer is progress), else idle;
+    async def _work(self) -> bool:
+        """The samples the episodes finished since the last round go to the orchestrator (they finished in the
+        turns the loop gave them after it), the env ranks' answers come in, and the engine takes one decoding step.
+        True if anything but a send moved."""
+        done, failed = self.episodes.take()
+        if done or failed:
+            send(self.ctx.world, RolloutDone(done, failed), self.ctx.orchestrator_rank, Tag.RESULT)
+        env_moved = self.env_client.pump() if self.env_client else False
+        episodes_started, self._episodes_started = self._episodes_started, False
+        if episodes_started or env_moved:
+            await asyncio.sleep(0)  # new episodes and answered env calls submit their turn before the engine steps
+        return self._step_engine() or env_moved
+
+    def _activity(self) -> str | None:
+        """Busy while it holds episodes and is awake (a decoding step or an env answer is progress), else None;
         each stretch of holding episodes, from the work's arrival, is a ``generate`` span of the timeline."""
         if not self.episodes:
             if self._generating_since is not None:
                 timeline.record("generate", self._generating_since, time.time())
                 self._generating_since = None
-            liveness.idle("waiting for episodes")
-        elif self.engine.asleep:  # episodes wait through the trainer's step: nothing to progress on
-            liveness.idle("asleep while the trainer steps")
-        elif moved:
-            liveness.busy(f"generating {len(self.episodes)} episode(s) with weights v{self.engine.version}")
+            return None
+        if self.engine.asleep:  # episodes wait through the trainer's step: nothing to progress on
+            return None
+        return f"generating {len(self.episodes)} episode(s) with weights v{self.engine.version}"
+
+    def _idle(self) -> str:
+        return "asleep while the trainer steps" if self.episodes and self.engine.asleep else "waiting for episodes"
 
 
 def run_rollout(

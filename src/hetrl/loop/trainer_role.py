@@ -54,6 +54,7 @@ from hetrl.control.protocol import (
     TrainWork,
 )
 from hetrl.control.rendezvous import free_port
+from hetrl.control.role_loop import Handler, RoleLoop
 from hetrl.control.rundir import checkpoint_root
 from hetrl.loop import faults
 from hetrl.loop.faults import RankFaults
@@ -141,54 +142,95 @@ def run_trainer(
         )
         critic.load_initial_weights(cfg.critic.init, model_dir)
         liveness.tick()
-    rl_algorithm, sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
-    version = 0
-    stage_cfg = {
-        "rl": cfg.trainer,
-        "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0}),
-    }
-    stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
-    stage = "rl"  # the optimizer PolicyTrainer built
-    clock = _Clock()
-    rigged = _RiggedFaults(rank_faults)
-    mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
-    while True:
-        liveness.idle("waiting for work from the orchestrator")
-        with clock.timing("wait"):
-            message = _next_message(ctx)
-        if isinstance(message, Shutdown):
-            return
-        liveness.busy(_activity(message, version))
-        if isinstance(message, Checkpoint):
-            path = _save(trainer, critic, cfg, run_dir, message, version)
-            _reply(ctx, sender, CheckpointDone(str(path)))
-            continue
-        if isinstance(message, Restore):
-            version, loop_state = _restore(trainer, critic, message.path)
-            # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
-            stage = "supervised" if loop_state["loop"]["warm_steps_done"] < cfg.warm_start.steps else "rl"
-            _reply(ctx, sender, Restored(version, loop_state))
-            with clock.timing("weight_sync"):
-                _push_weights(ctx, trainer, cfg, sender, version)
-            continue
-        if isinstance(message, PushWeights):  # an engine refused the last push: the same weights again
-            if message.version != version:
-                raise RuntimeError(f"orchestrator asked to push v{message.version} again, the trainer holds v{version}")
-            with clock.timing("weight_sync"):
-                _push_weights(ctx, trainer, cfg, sender, version, message.attempt)
-            continue
-        if not isinstance(message, TrainWork):
-            raise TypeError(f"trainer got an unexpected {type(message).__name__}")
+    TrainerRank(ctx, cfg, run_dir, trainer, critic, sender, rank_faults).serve()
+
+
+class TrainerRank:
+    """One trainer rank between two messages: what it holds (the version, the optimizer's stage, the clock, the
+    rigged faults) and what it does with each message from the orchestrator (:attr:`loop`'s handler table)."""
+
+    def __init__(
+        self,
+        ctx: RoleContext,
+        cfg: HetrlConfig,
+        run_dir: Path,
+        trainer: Any,
+        critic: Any | None,
+        sender: Any | None,
+        rank_faults: RankFaults,
+    ) -> None:
+        self.ctx, self.cfg, self.run_dir, self.sender = ctx, cfg, run_dir, sender
+        self.trainer, self.critic = trainer, critic
+        self.rl_algorithm, self.sft_algorithm = trainer.algo_cfg, _supervised_algorithm(cfg)
+        self.stage_cfg = {
+            "rl": cfg.trainer,
+            "supervised": cfg.trainer.model_copy(update={"lr": cfg.warm_start.lr, "lr_warmup_steps": 0}),
+        }
+        self.stage_steps = {"rl": cfg.run.steps * cfg.trainer.updates_per_batch, "supervised": cfg.warm_start.steps}
+        self.stage = "rl"  # the optimizer PolicyTrainer built
+        self.version = 0
+        self.clock = _Clock()
+        self.rigged = _RiggedFaults(rank_faults)
+        self.mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
+        self.loop = RoleLoop(ctx, self.handlers())
+
+    def handlers(self) -> dict[type, Handler]:
+        """What every trainer rank does with each of the orchestrator's messages."""
+        return {
+            TrainWork: self._on_train,
+            Checkpoint: self._on_checkpoint,
+            Restore: self._on_restore,
+            PushWeights: self._on_push_weights,
+            Shutdown: self._on_shutdown,
+        }
+
+    def serve(self) -> None:
+        """The orchestrator's messages, one at a time, until Shutdown. The wait is the leader's receive and the
+        trainer ranks' share (:func:`_next_message`), not the loop's poll: every rank handles every message."""
+        while not self.loop.stop:
+            liveness.idle("waiting for work from the orchestrator")
+            with self.clock.timing("wait"):
+                message = _next_message(self.ctx)
+            liveness.busy(_activity(message, self.version))
+            self.loop.handle(message, self.ctx.orchestrator_rank)
+
+    def _on_shutdown(self, message: Shutdown, source: int) -> None:
+        self.loop.stop = True
+
+    def _on_checkpoint(self, message: Checkpoint, source: int) -> None:
+        path = _save(self.trainer, self.critic, self.cfg, self.run_dir, message, self.version)
+        _reply(self.ctx, self.sender, CheckpointDone(str(path)))
+
+    def _on_restore(self, message: Restore, source: int) -> None:
+        self.version, loop_state = _restore(self.trainer, self.critic, message.path)
+        # The checkpoint's optimizer and LR schedule belong to the stage it was saved in.
+        self.stage = "supervised" if loop_state["loop"]["warm_steps_done"] < self.cfg.warm_start.steps else "rl"
+        _reply(self.ctx, self.sender, Restored(self.version, loop_state))
+        with self.clock.timing("weight_sync"):
+            _push_weights(self.ctx, self.trainer, self.cfg, self.sender, self.version)
+
+    def _on_push_weights(self, message: PushWeights, source: int) -> None:
+        """An engine refused the last push: the same weights again."""
+        if message.version != self.version:
+            raise RuntimeError(
+                f"orchestrator asked to push v{message.version} again, the trainer holds v{self.version}"
+            )
+        with self.clock.timing("weight_sync"):
+            _push_weights(self.ctx, self.trainer, self.cfg, self.sender, self.version, message.attempt)
+
+    def _on_train(self, message: TrainWork, source: int) -> None:
+        """One step on this rank's shard, its answer (new version, metrics, log-probs), then the weight push."""
+        cfg, trainer = self.cfg, self.trainer
         wanted = "supervised" if message.supervised else "rl"
-        if wanted != stage:  # a new stage: fresh Adam moments and the stage's own LR schedule
-            trainer.reset_optimizer(total_steps=stage_steps[wanted], trainer_cfg=stage_cfg[wanted])
-            stage = wanted
-        trainer.algo_cfg = sft_algorithm if message.supervised else rl_algorithm
+        if wanted != self.stage:  # a new stage: fresh Adam moments and the stage's own LR schedule
+            trainer.reset_optimizer(total_steps=self.stage_steps[wanted], trainer_cfg=self.stage_cfg[wanted])
+            self.stage = wanted
+        trainer.algo_cfg = self.sft_algorithm if message.supervised else self.rl_algorithm
         num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
-        samples = rigged.samples(message)
+        samples = self.rigged.samples(message)
         metrics, logprobs = train_on_batch(
             trainer,
-            critic,
+            self.critic,
             samples,
             num_minibatches=num_minibatches,
             max_tokens=cfg.rollout.max_tokens,
@@ -196,16 +238,16 @@ def run_trainer(
             progress=liveness.tick,
         )
         train_s = metrics[names.TRAIN_STEP_S] * num_minibatches  # the optimizer steps' wall time
-        metrics.update(mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in samples], train_s))
-        metrics.update(clock.take())
-        version += 1
+        metrics.update(self.mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in samples], train_s))
+        metrics.update(self.clock.take())
+        self.version += 1
         trainer_logprobs = [
             logprobs[i, : len(s.completion_ids)].numpy().astype("float32") for i, s in enumerate(samples)
         ]
-        _reply(ctx, sender, TrainDone(message.step, version, metrics, trainer_logprobs))
-        with clock.timing("weight_sync"):
-            _push_weights(ctx, trainer, cfg, sender, version)
-        rigged.after_push(trainer)
+        _reply(self.ctx, self.sender, TrainDone(message.step, self.version, metrics, trainer_logprobs))
+        with self.clock.timing("weight_sync"):
+            _push_weights(self.ctx, trainer, cfg, self.sender, self.version)
+        self.rigged.after_push(trainer)
 
 
 def _activity(message: Any, version: int) -> str:
