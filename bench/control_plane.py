@@ -100,7 +100,7 @@ HEADLINE_NODES = 1024
 GOAL_RATIO = 0.05
 GOAL_TRAINER = 1.1
 OVERRIDES = ["rollout.routing_replay=true"]  # R3: every sample carries its routing
-STEP_S = 30.0  # moe_grpo's step at 1,024 nodes (see the docstring)
+STEP_S = 30.0  # moe_grpo's step at 1,024 nodes: an assumption (see the docstring)
 NIC_BYTES_S = 25e9  # a 200 Gb/s NIC, the orchestrator's whole link
 COMPLETION_MEDIAN_TOKENS, COMPLETION_SIGMA = 4000, 0.6
 TEMPLATE_TOKENS = 20  # the chat template around a task's prompt
@@ -425,6 +425,7 @@ def simulate(nodes: int, groups: int, steps: int, images: bool, fill_steps: int)
     return {
         "nodes": nodes,
         "plan": plan,
+        "prompts": full_cfg.run.prompts_per_step,
         "samples": full_cfg.run.prompts_per_step * full_cfg.algorithm.group_size,
         "steps": measured,
         "lengths": [(len(s.prompt_ids), len(s.completion_ids)) for g in batch for s in g],
@@ -510,8 +511,9 @@ def main() -> None:
     headline = runs[HEADLINE_NODES]
     prompts, completions = zip(*headline["lengths"])
     print(
-        f"moe_grpo, R3 on: {headline['samples']:,} samples a step; simulated {args.groups} of 256 groups a step "
-        f"(x{256 // args.groups}), {fill_steps} steps to fill the look-ahead, then {args.steps} measured; "
+        f"moe_grpo, R3 on: {headline['samples']:,} samples a step; simulated {args.groups} of {headline['prompts']} "
+        f"groups a step (x{headline['prompts'] / args.groups:g}), {fill_steps} steps to fill the look-ahead, "
+        f"then {args.steps} measured; "
         f"last step's samples: mean {statistics.mean(prompts):.0f} prompt + {statistics.mean(completions):.0f} "
         f"completion tokens (log-normal, median {COMPLETION_MEDIAN_TOKENS:,}, sigma {COMPLETION_SIGMA}, cap 8,192), "
         f"routing {headline['routing_bytes'] / 2**20:.2f} MiB a sample"
