@@ -13,7 +13,9 @@ rubric), those samples come back as ``failed`` for the orchestrator to retry a b
 
 Served models: when the rubric uses the judge or the reward model, they live on the
 reward_server ranks (``hetrl.loop.reward_server_role``); this rank's main thread -- the only one
-that touches MPI -- pumps their client between polls of the orchestrator.
+that touches MPI -- pumps their client between polls of the orchestrator: its rounds are
+``hetrl.control.role_loop.RoleLoop``'s, a handler per message (``RewardWork``, ``Shutdown``), then the
+pump and the answers as the role's own work.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, naps, poll, send
+from hetrl.control.comm import RoleContext, Tag, send
 from hetrl.control.protocol import RewardDone, RewardWork, ScoredSample, Shutdown
+from hetrl.control.role_loop import RoleLoop
 from hetrl.loop import faults
 from hetrl.loop.faults import RankFaults
 from hetrl.loop.reward_server_role import RewardServerClient
@@ -63,70 +65,56 @@ class RewardRank:
             else None
         )
         self.scorer = self._new_scorer()
-        self.retiring: list[
-            Any
-        ] = []  # scorers of a failed rubric whose samples in flight still finish and are answered
+        # Scorers of a failed rubric whose samples in flight still finish and are answered.
+        self.retiring: list[ConcurrentScorer] = []
         self.busy_since: float | None = None  # wall time charged to the next answer starts here
-        self.stop = False
+        self.loop = RoleLoop(
+            ctx,
+            {RewardWork: self._take_work, Shutdown: self._on_shutdown},
+            source=ctx.orchestrator_rank,
+            wake=self.wake,
+        )
 
-    def _new_scorer(self) -> Any:
-
+    def _new_scorer(self) -> ConcurrentScorer:
         resources = {"reward_server": self.client, "judge_config": self.cfg.reward.judge} if self.client else {}
         rubric = Rubric.from_config(self.cfg.reward, resources)
         return ConcurrentScorer(rubric, self.cfg.reward.workers, self.wake)
 
     def run(self) -> None:
-        """Poll rounds until Shutdown. A round that moved nothing naps (``comm.naps``: ~2 ms for a second after the
-        last movement, when the step's next samples are on their way; then up to 20 ms), or until a scoring
-        thread's wake-up."""
-        pauses = naps()
+        """Rounds of the role loop until Shutdown: the orchestrator's work, the reward servers' answers, the verdicts
+        that finished. A round that moved nothing naps (``comm.naps``), or until a scoring thread's wake-up."""
         try:
-            while True:
-                moved = self._take_work()
-                if self.stop:  # the orchestrator is done: it wants no more answers
-                    return
-                if self.client is not None:
-                    moved = self.client.pump() or moved
-                moved = self._answer() or moved
-                # Reported from this thread only (a beacon record is replaced whole); a busy report is progress,
-                # so it is made only when something moved: a rank stuck on a sample goes stale and is named.
-                if not self.in_flight:
-                    liveness.idle("waiting for samples to score")
-                elif moved:
-                    liveness.busy(f"scoring {self.in_flight} sample(s)")
-                if moved:
-                    pauses = naps()
-                else:
-                    self.wake.wait(next(pauses))
-                    self.wake.clear()
+            self.loop.run(work=self._work, activity=self._activity, idle="waiting for samples to score")
         finally:
             if self.client is not None:
                 self.client.close()  # first: it fails what the scoring threads wait for, so they finish now
             for scorer in [self.scorer, *self.retiring]:
                 scorer.close()
 
+    def _work(self) -> bool:
+        if self.loop.stop:  # the orchestrator is done: it wants no more answers
+            return False
+        moved = self.client.pump() if self.client is not None else False
+        return self._answer() or moved
+
+    def _activity(self) -> str | None:
+        return f"scoring {self.in_flight} sample(s)" if self.in_flight else None
+
+    def _on_shutdown(self, message: Shutdown, source: int) -> None:
+        self.loop.stop = True
+
     @property
     def in_flight(self) -> int:
         return self.scorer.in_flight + sum(scorer.in_flight for scorer in self.retiring)
 
-    def _take_work(self) -> bool:
-        got = poll(self.ctx.world, self.ctx.orchestrator_rank, Tag.WORK)
-        if got is None:
-            return False
-        message = got[0]
-        if isinstance(message, Shutdown):
-            self.stop = True
-            return True
-        if not isinstance(message, RewardWork):
-            raise TypeError(f"reward worker got an unexpected {type(message).__name__}")
+    def _take_work(self, message: RewardWork, source: int) -> None:
         if self.busy_since is None:
             self.busy_since = time.monotonic()
         if self.crash.fire():
             self._fail([view.sample_id for view in message.views], RuntimeError("injected fault: the scorer crashed"))
-            return True
+            return
         for view in message.views:
             self.scorer.submit(view)
-        return True
 
     def _answer(self) -> bool:
         """Send what finished since the last round. A failed sample means the rubric broke (a served model that never
