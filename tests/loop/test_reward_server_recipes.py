@@ -72,5 +72,5 @@ def test_a_failed_judge_server_is_replaced_by_the_other_replica(tmp_path, warm_s
     assert len(steps) == 3 and all(step["judge/failed_frac"] == 0.0 for step in steps)  # no sample lost its verdict
     assert "injected fault: the reward server crashed" in (run_dir / "logs" / "reward_server_0.log").read_text()
     assert (
-        "reward server rank" in (run_dir / "logs" / "reward_0.log").read_text()
+        "reward_server rank" in (run_dir / "logs" / "reward_0.log").read_text()
     )  # its requests went to the other replica
