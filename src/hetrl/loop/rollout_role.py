@@ -84,7 +84,7 @@ class RolloutWorker:
         self.last_push: Any = None  # the weights live in the engine, kept to rebuild it after a failure
         self.env_client = None
         if cfg.env.placement == "role":
-            self.env_client = EnvRoleClient(ctx)
+            self.env_client = EnvRoleClient(ctx, cfg.env.call_timeout_s)
         make_env = self.env_client.make_env if self.env_client else env_factory(cfg.env, sandbox=cfg.reward.sandbox)
         self.episodes = EpisodeRunner(
             make_env,
