@@ -137,7 +137,9 @@ def test_each_sample_records_its_wait_for_a_slot(codec):
         )
     )
     waits = sorted(s.info["env_wait_s"] for s in bounded)
-    assert waits[:4] == [0.0] * 4 and min(waits[4:]) >= 0.01  # each waits for a slot held through a 10 ms turn
+    # each of the others waits for a slot held through a 10 ms turn; how much of the 10 ms is left when
+    # it starts waiting depends on the machine's load (CI saw 0.4 ms), so only the waiting is asserted
+    assert waits[:4] == [0.0] * 4 and min(waits[4:]) > 0.0
     free = asyncio.run(
         run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=2, group_size=4, max_turns=1)
     )
