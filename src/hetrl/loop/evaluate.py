@@ -33,6 +33,7 @@ from hetrl.config.loader import validate_tree
 from hetrl.config.model import ModelConfig
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import rundir
+from hetrl.control.comm import naps
 from hetrl.env.chat import ChatCodec
 from hetrl.env.registry import env_factory
 from hetrl.env.runner import run_episode
@@ -187,6 +188,7 @@ async def _run_episodes(
         for g, (task, seed) in enumerate(tasks)
         for i in range(cfg.eval.k)
     ]
+    pauses = naps()  # the engine idles while episodes wait on their tools: nap as every role's loop does
     while not all(job.done() for job in jobs):
         failed = [job for job in jobs if job.done() and job.exception() is not None]
         if failed:
@@ -194,7 +196,10 @@ async def _run_episodes(
         if engine.has_work():
             for result in engine.poll():
                 waiting.pop(result.request_id).set_result(result)
-        await asyncio.sleep(0 if engine.has_work() else 0.001)
+            pauses = naps()
+            await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(next(pauses))
     return [job.result() for job in jobs]
 
 
