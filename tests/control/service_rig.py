@@ -33,6 +33,13 @@ class RigClient(Client):
         return Lost(reason)
 
 
+def report(obj) -> None:
+    """One JSON line in ONE write: print() writes the text and its newline apart when stdout is unbuffered, and
+    mpiexec then interleaves another rank's line between them (seen in CI: two reports on one line)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
 def context(world) -> RoleContext:
     rank = world.Get_rank()
     role = "server" if rank < 2 else "client"
@@ -66,7 +73,7 @@ def serve(ctx) -> None:
 
     service.ready()
     loop.run(work)
-    print(json.dumps({"rank": rank, "batches": batches}), flush=True)
+    report({"rank": rank, "batches": batches})
 
 
 def outcome(future: Future) -> list[str]:
@@ -130,7 +137,7 @@ def main() -> int:
     if world.Get_rank() < 2:
         serve(ctx)
     else:
-        print(json.dumps(drive(ctx)), flush=True)
+        report(drive(ctx))
     flush_sends()
     return 0
 

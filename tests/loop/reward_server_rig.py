@@ -39,6 +39,13 @@ class ScriptedJudge:
         ]
 
 
+def report(obj) -> None:
+    """One JSON line in ONE write: print() writes the text and its newline apart when stdout is unbuffered, and
+    mpiexec then interleaves another rank's line between them (seen in CI: two reports on one line)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
 def context(world) -> SimpleNamespace:
     roles = {"reward_server": [0, 1], "reward": [2]}
     role = "reward_server" if world.Get_rank() < 2 else "reward"
@@ -75,7 +82,7 @@ def main() -> int:
     if world.Get_rank() < 2:
         judge = ScriptedJudge(world.Get_rank())
         RewardServer(ctx, {JUDGE: judge}, Countdown([], "reward_server", world.Get_rank(), "server_crash")).run()
-        print(json.dumps({"rank": world.Get_rank(), "batches": judge.batches}), flush=True)
+        report({"rank": world.Get_rank(), "batches": judge.batches})
         flush_sends()
         return 0
     client = RewardServerClient(ctx, timeout_s=TIMEOUT_S, max_attempts=2)
@@ -90,7 +97,7 @@ def main() -> int:
     seen["crash"] = ask_all(client, ["crash", "after"])
     seen["resent"] = client.num_resent
     client.close()
-    print(json.dumps(seen), flush=True)
+    report(seen)
     flush_sends()
     return 0
 
