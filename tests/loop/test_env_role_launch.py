@@ -47,15 +47,6 @@ def check_samples(run_dir, steps):
     return records
 
 
-def test_tool_recipe_with_env_ranks(tmp_path):
-    """The same shape as the inline run (tests/loop/test_tool_recipe.py), both env ranks serving."""
-    run_dir, summary = launch(tmp_path)
-    assert summary["samples"]["trained"] == 2 * 4 * 4
-    check_samples(run_dir, steps=2)
-    for rank in (0, 1):  # both hosted episodes, and left once the rollout rank did
-        assert "all clients left" in served(run_dir, rank) and " of 0 episode(s)" not in served(run_dir, rank)
-
-
 def test_code_attempts_run_multi_turn_on_env_ranks(tmp_path):
     """Code episodes with a retry: the random policy's code fails in the env rank's sandbox, the
     failure comes back as an observation and the policy takes a second turn, every episode."""
@@ -74,9 +65,14 @@ def test_code_attempts_run_multi_turn_on_env_ranks(tmp_path):
 
 
 def test_a_lost_env_rank_costs_no_sample(tmp_path):
-    # env rank 1 goes down on its 20th call: past the first eval (8 one-turn episodes, about 12
-    # calls per rank), inside the first training step.
+    """The tool recipe's shape as in the inline run (tests/loop/test_tool_recipe.py), both env ranks
+    serving until env rank 1 goes down on its 20th call: past the first eval (8 one-turn episodes,
+    about 12 calls per rank), inside the first training step. One run checks both (a launch costs
+    ~40 s of start-up on 2 cores)."""
     run_dir, summary = launch(tmp_path, "run.steps=3", fault="env:1:env_crash@20")
+    check_samples(run_dir, steps=3)
+    for rank in (0, 1):  # both hosted episodes, and left once the rollout rank did
+        assert "all clients left" in served(run_dir, rank) and " of 0 episode(s)" not in served(run_dir, rank)
     samples = summary["samples"]
     assert samples["requeued_generation"] > 0
     assert samples["trained"] == 3 * 4 * 4
