@@ -148,7 +148,7 @@ ROOT = Path(__file__).resolve().parents[2]
             ["warm_start.template='{answer} {score}'"],
             r"warm_start.template=.* is not a format string over \{answer\} alone",
         ),
-        # a step's batch and lengths (trainer/rl_step.py minibatch_bounds, trainer/batch.py packing)
+        # a step's batch and lengths (trainer/shards.py minibatch_bounds, trainer/batch.py packing)
         (
             "tiny_grpo",
             ["trainer.updates_per_batch=129"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from hetrl.records import Sample
+from hetrl.trainer.shards import SampleMeta
 
 
 def make_samples(
@@ -29,3 +30,8 @@ def make_samples(
             )
         )
     return out
+
+
+def whole_step(samples: list[Sample]) -> tuple[list[SampleMeta], dict[int, Sample]]:
+    """``train_on_batch``'s ``(metas, shard)`` for a rank that holds every sample of the step."""
+    return [SampleMeta.of(s) for s in samples], dict(enumerate(samples))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from rank_pool import may_start_processes
-from samples import make_samples
+from samples import make_samples, whole_step
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.critic import CriticConfig
@@ -39,7 +39,8 @@ def _ppo_steps(tcfg: TrainerConfig, steps: int = 2, minibatches: int = 2) -> dic
     critic = ValueTrainer(MODEL, tcfg, CriticConfig(lr=1e-2), PPO, policy.groups, seed=5, max_len=16)
     try:
         history = [
-            train_on_batch(policy, critic, samples, num_minibatches=minibatches, max_tokens=16)[0] for _ in range(steps)
+            train_on_batch(policy, critic, *whole_step(samples), num_minibatches=minibatches, max_tokens=16)[0]
+            for _ in range(steps)
         ]
         batch = policy.make_batch(samples)
         return {"history": history, "values": critic.compute_values(batch), "logprobs": policy.compute_logprobs(batch)}
@@ -159,7 +160,7 @@ def _save_and_resume(rank: int, world_size: int, root: str) -> dict:
     samples = _rewarded()
     policy, critic = build()
     try:
-        train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)
+        train_on_batch(policy, critic, *whole_step(samples), num_minibatches=1, max_tokens=16)
         with may_start_processes():
             save_checkpoint(
                 root,
@@ -170,7 +171,7 @@ def _save_and_resume(rank: int, world_size: int, root: str) -> dict:
                 pg_collection=policy.groups.pg_collection,
                 critic=(critic.model, critic.optimizer, critic.scheduler),
             )
-        after_save = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)[0]
+        after_save = train_on_batch(policy, critic, *whole_step(samples), num_minibatches=1, max_tokens=16)[0]
     finally:
         destroy_parallel()
     policy, critic = build()
@@ -183,7 +184,7 @@ def _save_and_resume(rank: int, world_size: int, root: str) -> dict:
             pg_collection=policy.groups.pg_collection,
             critic=(critic.model, critic.optimizer, critic.scheduler),
         )
-        resumed = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)[0]
+        resumed = train_on_batch(policy, critic, *whole_step(samples), num_minibatches=1, max_tokens=16)[0]
         return {"after_save": after_save, "resumed": resumed}
     finally:
         destroy_parallel()

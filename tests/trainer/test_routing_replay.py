@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from rank_pool import RankPool
-from samples import make_samples
+from samples import make_samples, whole_step
 
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
@@ -323,7 +323,7 @@ def _single_rank(rank: int, world_size: int) -> dict:
 
         for s, r in zip(samples, shifted(own_routing(measure.module, samples))):
             s.routed_experts, s.reward = r, float(len(s.completion_ids) % 3)
-        metrics, _ = train_on_batch(measure, None, samples, num_minibatches=1, max_tokens=16)
+        metrics, _ = train_on_batch(measure, None, *whole_step(samples), num_minibatches=1, max_tokens=16)
         out["rl_step_disagree"] = metrics.get(names.ROUTING_DISAGREE_FRAC)
         return out
     finally:

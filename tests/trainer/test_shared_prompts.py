@@ -11,7 +11,8 @@ from samples import make_samples
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from hetrl.trainer.batch import build_train_batch, shard_for_data_parallel
+from hetrl.trainer.batch import build_train_batch
+from hetrl.trainer.shards import SampleMeta, shard_indices
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 
 DENSE = ModelConfig(arch="llama", num_layers=2)
@@ -123,12 +124,13 @@ def test_tree_attention_equals_the_dense_tree_mask(scores, monkeypatch):
 
 def test_data_parallel_shards_keep_a_prompts_samples_together():
     samples = grouped_samples()
-    shards = [shard_for_data_parallel(samples, rank, 2, shared_prompts=True) for rank in range(2)]
+    metas = [SampleMeta.of(s) for s in samples]
+    shards = [shard_indices(metas, rank, 2, shared_prompts=True) for rank in range(2)]
     assert sorted(shards[0] + shards[1]) == list(range(12))
     groups = prompt_groups(samples)
     assert all(any(set(g) <= set(shard) for shard in shards) for g in groups)
     with pytest.raises(ValueError, match="3 groups cannot feed 4 data-parallel ranks"):
-        shard_for_data_parallel(samples, 0, 4, shared_prompts=True)
+        shard_indices(metas, 0, 4, shared_prompts=True)
 
 
 def _train(tcfg: TrainerConfig) -> dict:

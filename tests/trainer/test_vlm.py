@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from samples import whole_step
 from test_hf_convert import read_safetensors
 
 from hetrl.config.algorithm import AlgorithmConfig
@@ -489,7 +490,7 @@ def _rl_step(rank: int, world_size: int, hf_dir: Path, layout: dict) -> dict:
         critic.load_initial_weights("policy", hf_dir)
         batch = policy.make_batch(samples)
         values_before = critic.compute_values(batch)
-        metrics, logprobs = train_on_batch(policy, critic, samples, num_minibatches=1, max_tokens=16)
+        metrics, logprobs = train_on_batch(policy, critic, *whole_step(samples), num_minibatches=1, max_tokens=16)
         return {
             "metrics": metrics,
             "logprobs": logprobs,

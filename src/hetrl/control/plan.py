@@ -393,7 +393,7 @@ def _check_trainer(cfg: HetrlConfig, nodes: int, world: int) -> TrainerLayout:
             + _nearby_nodes_hint(cfg, lambda w: w % model_parallel == 0 and w % (tp * pp * ep) == 0)
         )
     dp = world // model_parallel
-    # Every data-parallel rank needs a sample of every minibatch (trainer/batch.py shard_for_data_parallel).
+    # Every data-parallel rank needs a sample of every minibatch (trainer/shards.py shard_indices).
     minibatch = cfg.run.prompts_per_step * cfg.algorithm.group_size // t.updates_per_batch
     if minibatch < dp:
         raise PlanError(

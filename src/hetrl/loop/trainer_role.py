@@ -65,7 +65,8 @@ from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.exporter import iter_hf_weight_buckets
 from hetrl.trainer.hf_convert import load_hf_checkpoint
 from hetrl.trainer.policy import PolicyTrainer
-from hetrl.trainer.rl_step import train_on_batch
+from hetrl.trainer.rl_step import replica_shard, train_on_batch
+from hetrl.trainer.shards import SampleMeta
 from hetrl.transport.weights import WeightStreamBroken
 
 logger = logging.getLogger(__name__)
@@ -228,22 +229,23 @@ class TrainerRank:
         trainer.algo_cfg = self.sft_algorithm if message.supervised else self.rl_algorithm
         num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
         samples = self.rigged.samples(message)
+        metas = [SampleMeta.of(s) for s in samples]
+        shard = {i: samples[i] for i in replica_shard(trainer, metas, num_minibatches)}
         metrics, logprobs = train_on_batch(
             trainer,
             self.critic,
-            samples,
+            metas,
+            shard,
             num_minibatches=num_minibatches,
             max_tokens=cfg.rollout.max_tokens,
             supervised=message.supervised,
             progress=liveness.tick,
         )
         train_s = metrics[names.TRAIN_STEP_S] * num_minibatches  # the optimizer steps' wall time
-        metrics.update(self.mfu.measure([len(s.prompt_ids) + len(s.completion_ids) for s in samples], train_s))
+        metrics.update(self.mfu.measure([m.prompt_len + m.completion_len for m in metas], train_s))
         metrics.update(self.clock.take())
         self.version += 1
-        trainer_logprobs = [
-            logprobs[i, : len(s.completion_ids)].numpy().astype("float32") for i, s in enumerate(samples)
-        ]
+        trainer_logprobs = [logprobs[i, : m.completion_len].numpy().astype("float32") for i, m in enumerate(metas)]
         _reply(self.ctx, self.sender, TrainDone(message.step, self.version, metrics, trainer_logprobs))
         with self.clock.timing("weight_sync"):
             _push_weights(self.ctx, trainer, cfg, self.sender, self.version)

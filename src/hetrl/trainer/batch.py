@@ -11,7 +11,7 @@ Two spaces, kept apart on purpose:
   next-token ``labels``;
 * **sample space** — what the loss eats: one row per sample and one column per *completion*
   token ``[n, Tc]``, exactly the layout of ``Sample.loss_mask`` / ``Sample.logprobs`` and of
-  ``hetrl.trainer.algorithms.compute_advantages``'s output (see :func:`completion_tensors`).
+  ``hetrl.trainer.algorithms.compute_advantages``'s output.
 
 Micro-batches are built with zero advantages (all that log-prob and value passes need); the
 advantages of a training step are attached afterwards, over the step's full batch, with
@@ -35,7 +35,6 @@ all-to-alls and pipeline schedules need.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ import torch
 from torch import Tensor
 
 from hetrl.records import Sample
+from hetrl.trainer.shards import balanced_bins
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 from hetrl.trainer.vision import ImageSpec, model_length, model_tokens, pixel_values
 
@@ -177,22 +177,6 @@ class TrainBatch:
         return values[mb.sample_indices, : mb.loss_mask.shape[1]].to(mb.loss_mask.device)
 
 
-def completion_tensors(samples: Sequence[Sample]) -> tuple[Tensor, Tensor]:
-    """``(loss_mask, engine_logprobs)`` ``[N, Tc]`` in sample space (right-padded with 0).
-
-    The loop builds its reward/advantage tensors with this, so that they line up with the
-    trainer's sample space.
-    """
-    width = max((len(s.completion_ids) for s in samples), default=0)
-    mask = torch.zeros(len(samples), max(width, 1))
-    logprobs = torch.zeros_like(mask)
-    for i, s in enumerate(samples):
-        n = len(s.completion_ids)
-        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
-    return mask, logprobs * mask
-
-
 def _advantage_rows(advantages: Tensor, num_samples: int, width: int) -> Tensor:
     """Per-token advantages ``[N, width]``: an ``[N]`` sequence advantage is broadcast over tokens."""
     adv = advantages.float()
@@ -205,26 +189,6 @@ def _advantage_rows(advantages: Tensor, num_samples: int, width: int) -> Tensor:
     if adv.shape[1] < width:
         adv = torch.nn.functional.pad(adv, (0, width - adv.shape[1]))
     return adv[:, :width]
-
-
-def balanced_bins(sizes: Sequence[int], num_bins: int, capacity: int | None = None) -> list[list[int]]:
-    """Indices of ``sizes`` split into ``num_bins`` bins of about equal total size (LPT heuristic).
-
-    Largest items first, each to the currently lightest bin that has room (``capacity`` items per
-    bin). Within a bin the original order is kept, so results stay deterministic.
-    """
-    if num_bins < 1:
-        raise ValueError(f"num_bins must be >= 1, got {num_bins}")
-    if capacity is not None and capacity * num_bins < len(sizes):
-        raise ValueError(f"{len(sizes)} items do not fit in {num_bins} bins of {capacity}")
-    heap = [(0, b) for b in range(num_bins)]
-    bins: list[list[int]] = [[] for _ in range(num_bins)]
-    for i in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
-        load, b = heapq.heappop(heap)
-        bins[b].append(i)
-        if capacity is None or len(bins[b]) < capacity:  # a full bin leaves the heap
-            heapq.heappush(heap, (load + sizes[i], b))
-    return [sorted(b) for b in bins]
 
 
 def _pack_rows(lengths: Sequence[int], pack_length: int) -> list[list[int]]:
@@ -457,22 +421,6 @@ def build_train_batch(
         global_indices=indices,
         num_global_samples=len(samples) if num_global_samples is None else num_global_samples,
     )
-
-
-def shard_for_data_parallel(
-    samples: Sequence[Sample], dp_rank: int, dp_size: int, images: ImageSpec | None = None, shared_prompts: bool = False
-) -> list[int]:
-    """Indices of the samples data-parallel rank ``dp_rank`` trains on: equal counts (+-1), balanced (model) tokens.
-
-    With ``shared_prompts`` the samples of a group's row stay on one rank (equal counts of rows, +-1).
-    """
-    units = prompt_groups(samples) if shared_prompts else [[i] for i in range(len(samples))]
-    if len(units) < dp_size:
-        what = "groups" if shared_prompts else "samples"
-        raise ValueError(f"{len(units)} {what} cannot feed {dp_size} data-parallel ranks")
-    sizes = [sum(model_length(samples[i], images) for i in unit) for unit in units]
-    chosen = balanced_bins(sizes, dp_size, capacity=-(-len(units) // dp_size))[dp_rank]
-    return sorted(i for u in chosen for i in units[u])
 
 
 def _filler(template: MicroBatch) -> MicroBatch:

@@ -1,10 +1,9 @@
 """``PolicyTrainer``: the trainer role's model, reference model, optimizer and one training step.
 
-Ownership across processes: every trainer rank builds one ``PolicyTrainer`` and receives the same
-list of samples for a step (the loop broadcasts it); each rank trains on its data-parallel shard
-(:meth:`PolicyTrainer.make_batch`), and results that the loop reads (log-probs, metrics) are
-returned whole on every rank. Tensors the loop passes in or gets back are in *sample space*
-``[N, Tc]`` over the step's full batch (see ``hetrl.trainer.batch``), the layout of
+Ownership across processes: every trainer rank builds one ``PolicyTrainer`` and trains on its
+data-parallel replica's shard of a step (:meth:`PolicyTrainer.make_batch`); results that the loop
+reads (log-probs, metrics) are returned whole on every rank. Tensors the loop passes in or gets
+back are in *sample space* ``[N, Tc]`` over the step's full batch (see ``hetrl.trainer.batch``), the layout of
 ``hetrl.trainer.algorithms.compute_advantages``.
 
 Loss scaling, so that micro-batches and ranks add up to one big batch: ``compute_loss`` is given
@@ -34,12 +33,13 @@ from hetrl.monitor import names
 from hetrl.records import Sample
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
-from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch, shard_for_data_parallel
+from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch
 from hetrl.trainer.logprobs import broadcast_from_last_stage, forward_logprobs, run_schedule, sample_logprobs
 from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
 from hetrl.trainer.routing_replay import RoutingReplay
+from hetrl.trainer.shards import SampleMeta, shard_indices
 from hetrl.trainer.vision import image_spec
 
 RoutingMode = Literal["off", "measure", "replay"]
@@ -123,25 +123,34 @@ class PolicyTrainer:
             raise RuntimeError("this PolicyTrainer has no reference model (with_reference=False)")
         self.reference.load_state_dict(self.module.state_dict())
 
-    def make_batch(self, samples: Sequence[Sample]) -> TrainBatch:
-        """This rank's micro-batches of the step's full sample list (identical on every rank).
+    def make_batch(
+        self, samples: Sequence[Sample], indices: Sequence[int] | None = None, num_global: int | None = None
+    ) -> TrainBatch:
+        """This rank's micro-batches of one step's (or minibatch's) samples.
 
-        Advantages are zero; a training step attaches those of the full list with
-        :meth:`TrainBatch.with_advantages`. Every rank gets the same number of micro-batches
-        (filler ones where a shard is short): expert all-to-alls and the gradient reduction need
-        every rank in step. A vision-language policy's samples carry their images
-        (``Sample.images``, one placeholder id each); sample space stays that of the samples.
+        ``samples`` are this data-parallel replica's shard, at positions ``indices`` of the step's
+        ``num_global`` samples (dealt by :func:`hetrl.trainer.shards.shard_indices`, which the
+        orchestrator runs too); without ``indices``, the whole list (identical on every rank), sharded
+        here. Advantages are zero; a training step attaches those of the full list with
+        :meth:`TrainBatch.with_advantages`. Every rank gets the same number of micro-batches (filler
+        ones where a shard is short): expert all-to-alls and the gradient reduction need every rank
+        in step. A vision-language policy's samples carry their images (``Sample.images``, one
+        placeholder id each); sample space stays that of the samples.
         """
         g = self.groups
         images = self.images
         shared = self.trainer_cfg.shared_prompts
-        indices = shard_for_data_parallel(samples, g.dp_rank, g.dp_size, images, shared_prompts=shared)
+        if indices is None:
+            tokens_per_image = None if images is None else images.tokens_per_image
+            metas = [SampleMeta.of(s) for s in samples]
+            indices = shard_indices(metas, g.dp_rank, g.dp_size, tokens_per_image, shared_prompts=shared)
+            samples, num_global = [samples[i] for i in indices], len(samples)
         batch = build_train_batch(
-            [samples[i] for i in indices],
+            samples,
             micro_batch_size=self.trainer_cfg.micro_batch_size,
             pack_length=self.trainer_cfg.pack_length,
             global_indices=indices,
-            num_global_samples=len(samples),
+            num_global_samples=num_global,
             images=images,
             shared_prompts=shared,
         )

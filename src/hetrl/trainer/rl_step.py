@@ -1,11 +1,15 @@
-"""One step's training on the trainer ranks: from a list of rewarded samples to updated models.
+"""One step's training on the trainer ranks: from rewarded samples to updated models.
 
-Every trainer rank calls :func:`train_on_batch` with the step's full sample list. The rewards
+Every trainer rank calls :func:`train_on_batch` with the step's metadata (a few scalars per sample,
+:class:`hetrl.trainer.shards.SampleMeta`) and its data-parallel replica's shard of the samples; the
+step's sample-space tensors ``[N, Tc]`` (loss masks, old/reference log-probs, values, advantages) are
+assembled on every rank from the replicas' shards by all-reduces over the data-parallel group. The rewards
 become advantages here, from tensors, because only the trainer has what some estimators need:
 the reference log-probs of a KL folded into the reward, and PPO's values. The order:
 
 1. the batch is split into ``num_minibatches`` contiguous minibatches (whole groups when the
-   orchestrator's batch is whole groups in order), each sharded over data-parallel ranks;
+   orchestrator's batch is whole groups in order), each dealt over data-parallel replicas
+   (:mod:`hetrl.trainer.shards`, which the orchestrator can run without torch);
 2. log-probs of the policy the step starts from (and of the reference, and the critic's values)
    for every minibatch, before any update: PPO's ratio and clipping compare against them;
 3. rewards shaped (DAPO overlong term, KL in the reward) and advantages estimated on the whole
@@ -16,26 +20,21 @@ the reference log-probs of a KL folded into the reward, and PPO's values. The or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from hetrl.control import timeline
 from hetrl.monitor import names
 from hetrl.records import Sample
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
-from hetrl.trainer.batch import completion_tensors
+from hetrl.trainer.batch import TrainBatch
 from hetrl.trainer.critic import ValueTrainer
+from hetrl.trainer.parallel import ParallelGroups
 from hetrl.trainer.policy import PolicyTrainer
-
-
-def minibatch_bounds(num_samples: int, num_minibatches: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each contiguous minibatch of a step's samples."""
-    if num_minibatches > num_samples:
-        raise ValueError(f"trainer.updates_per_batch={num_minibatches} exceeds the {num_samples} samples of a step")
-    edges = [num_samples * k // num_minibatches for k in range(num_minibatches + 1)]
-    return list(zip(edges, edges[1:]))
+from hetrl.trainer.shards import SampleMeta, minibatch_bounds, shard_indices, step_shard
 
 
 def _stack(parts: Sequence[Tensor], width: int) -> Tensor:
@@ -43,28 +42,68 @@ def _stack(parts: Sequence[Tensor], width: int) -> Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
 
+def replica_shard(policy: PolicyTrainer, metas: Sequence[SampleMeta], num_minibatches: int) -> list[int]:
+    """Indices (into the step) of the samples this rank's data-parallel replica trains on."""
+    g = policy.groups
+    shared = policy.trainer_cfg.shared_prompts
+    return step_shard(metas, num_minibatches, g.dp_rank, g.dp_size, _tokens_per_image(policy), shared)
+
+
+def _tokens_per_image(policy: PolicyTrainer) -> int | None:
+    return None if policy.images is None else policy.images.tokens_per_image
+
+
+def _minibatch(
+    policy: PolicyTrainer, metas: Sequence[SampleMeta], shard: Mapping[int, Sample], a: int, b: int
+) -> TrainBatch:
+    """This replica's :class:`TrainBatch` of the minibatch ``[a, b)`` of the step."""
+    g = policy.groups
+    mine = shard_indices(metas[a:b], g.dp_rank, g.dp_size, _tokens_per_image(policy), policy.trainer_cfg.shared_prompts)
+    if missing := [a + i for i in mine if a + i not in shard]:
+        raise ValueError(f"data-parallel rank {g.dp_rank} lacks samples {missing[:8]} of its shard of the step")
+    return policy.make_batch([shard[a + i] for i in mine], mine, b - a)
+
+
+def _step_mask(
+    metas: Sequence[SampleMeta], shard: Mapping[int, Sample], rows: list[int], groups: ParallelGroups
+) -> Tensor:
+    """The step's loss masks ``[N, Tc]`` in sample space, on every rank: each replica fills its own
+    ``rows`` and the data-parallel all-reduce adds them up (each row is one replica's)."""
+    width = max((m.completion_len for m in metas), default=0)
+    mask = torch.zeros(len(metas), max(width, 1))
+    for i in rows:
+        mask[i, : metas[i].completion_len] = torch.tensor(shard[i].loss_mask, dtype=torch.float32)
+    if groups.dp_size > 1:
+        dist.all_reduce(mask, group=groups.dp)
+    return mask
+
+
 def train_on_batch(
     policy: PolicyTrainer,
     critic: ValueTrainer | None,
-    samples: list[Sample],
+    metas: Sequence[SampleMeta],
+    shard: Mapping[int, Sample],
     *,
     num_minibatches: int,
     max_tokens: int,
     supervised: bool = False,
     progress: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, float], Tensor]:
-    """Train on one step's samples; ``(metrics averaged over the minibatches, trainer log-probs [N, Tc])``.
+    """Train on one step; ``(metrics averaged over the minibatches, trainer log-probs [N, Tc])``.
 
+    ``metas`` describe every sample of the step, in order; ``shard`` holds the samples this rank's
+    data-parallel replica trains on (at least :func:`replica_shard`'s), by their index in the step.
     The log-probs are the policy's before the update, for the engine-vs-trainer mismatch. With
     ``supervised`` (warm start) every policy token's advantage is 1 and the critic is not trained.
     ``max_tokens`` is the generation budget the overlong penalty ramps to. ``progress`` is called
     after each forward pass and update (the liveness beacon's tick).
     """
     algo = policy.algo_cfg
-    bounds = minibatch_bounds(len(samples), num_minibatches)
+    bounds = minibatch_bounds(len(metas), num_minibatches)
     with timeline.span("make batch"):
-        batches = [policy.make_batch(samples[a:b]) for a, b in bounds]
-    mask, _ = completion_tensors(samples)
+        batches = [_minibatch(policy, metas, shard, a, b) for a, b in bounds]
+    rows = [a + i for (a, _), batch in zip(bounds, batches) for i in batch.global_indices]
+    mask = _step_mask(metas, shard, rows, policy.groups)
     width = mask.shape[1]
     # One update on the batch, and nothing needs the old log-probs before it: they come from the
     # update's own forward (policy.train_step), which saves a forward pass per step.
@@ -83,7 +122,7 @@ def train_on_batch(
     if supervised:
         advantages, returns = mask, None
     else:
-        scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        scores = torch.tensor([m.reward for m in metas], dtype=torch.float32)
         rewards, reward_metrics = shape_rewards(
             algo,
             scores,
@@ -93,7 +132,7 @@ def train_on_batch(
             max_tokens=max_tokens,
         )
         values_full = None if values is None else _stack(values, width)
-        advantages = compute_advantages(algo, rewards, [s.group_id for s in samples], mask, values=values_full)
+        advantages = compute_advantages(algo, rewards, [m.group_id for m in metas], mask, values=values_full)
         returns = None if values_full is None else compute_value_targets(algo, rewards, mask, values_full)
     per_step = []
     for k, (a, b) in enumerate(bounds):
