@@ -70,12 +70,13 @@ def _step_mask(
     """The step's loss masks ``[N, Tc]`` in sample space, on every rank: each replica fills its own
     ``rows`` and the data-parallel all-reduce adds them up (each row is one replica's)."""
     width = max((m.completion_len for m in metas), default=0)
-    mask = torch.zeros(len(metas), max(width, 1))
+    mask = torch.zeros(len(metas), max(width, 1), dtype=torch.uint8)  # 0/1: a quarter of float32's bytes
     for i in rows:
-        mask[i, : metas[i].completion_len] = torch.tensor(shard[i].loss_mask, dtype=torch.float32)
+        mask[i, : metas[i].completion_len] = torch.tensor(shard[i].loss_mask, dtype=torch.uint8)
     if groups.dp_size > 1:
+        mask = mask.to(groups.device)  # NCCL reduces device tensors only
         dist.all_reduce(mask, group=groups.dp)
-    return mask
+    return mask.float().cpu()
 
 
 def train_on_batch(
