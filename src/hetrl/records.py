@@ -137,6 +137,71 @@ class Sample:
         return min(policy_versions) if policy_versions else -1
 
 
+@dataclass
+class SampleMeta:
+    """A sample without its payloads (token ids, log-probs, routing, images, texts): what the orchestrator
+    keeps of it, and what every trainer rank needs of every sample of a step.
+
+    The engine that generated a sample keeps the payloads and sends them where they are used (its scoring
+    view to a reward rank, the sample to the trainer replica that trains on it); the orchestrator routes,
+    schedules and keeps the ledger on these few scalars alone, so its traffic does not grow with the
+    responses' lengths. The reward fields start as the episode's and take the reward rank's verdict
+    (``ScoredSample.apply_to``). ``info`` is the episode's info without the conversation (the texts stay
+    with the payloads). ``prompt_key`` identifies the prompt's tokens: two samples of a group share a model
+    row with shared prompts only when their prompts are the same (a hash of int tuples is the same in every
+    process).
+    """
+
+    sample_id: str
+    group_id: str
+    task_name: str
+    prompt_len: int
+    completion_len: int
+    num_policy_tokens: int
+    num_images: int
+    prompt_key: int
+    min_version: int  # the oldest weight version among the policy tokens (-1 when there are none)
+    finish_reason: str = "stop"
+    num_turns: int = 1
+    num_tool_calls: int = 0
+    rewards: dict[str, float] = field(default_factory=dict)
+    reward: float = 0.0
+    flags: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, sample: Sample) -> SampleMeta:
+        return cls(
+            sample_id=sample.sample_id,
+            group_id=sample.group_id,
+            task_name=sample.task_name,
+            prompt_len=len(sample.prompt_ids),
+            completion_len=len(sample.completion_ids),
+            num_policy_tokens=sum(sample.loss_mask),
+            num_images=len(sample.images),
+            prompt_key=hash(tuple(sample.prompt_ids)),
+            min_version=sample.min_version,
+            finish_reason=sample.finish_reason,
+            num_turns=sample.num_turns,
+            num_tool_calls=sample.num_tool_calls,
+            rewards=dict(sample.rewards),
+            reward=sample.reward,
+            flags=list(sample.flags),
+            info={k: v for k, v in sample.info.items() if k != CONVERSATION_KEY},
+        )
+
+    def model_length(self, tokens_per_image: int | None) -> int:
+        """Model positions (prompt + completion, image placeholders expanded); ``None``: a text model."""
+        n = self.prompt_len + self.completion_len
+        return n if tokens_per_image is None else n + self.num_images * (tokens_per_image - 1)
+
+    def scored(self, sample: Sample) -> Sample:
+        """``sample`` (this meta's payloads) with the verdict this meta carries: rewards, total, flags, info."""
+        sample.rewards, sample.reward, sample.flags = dict(self.rewards), self.reward, list(self.flags)
+        sample.info.update(self.info)
+        return sample
+
+
 def id_order(sample_id: str) -> tuple[str, int, int]:
     """Sort key of a sample id ``<purpose letter><group number>.<index>``: creation order.
 

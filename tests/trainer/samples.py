@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hetrl.records import Sample
-from hetrl.trainer.shards import SampleMeta
+from hetrl.records import Sample, SampleMeta
 
 
 def make_samples(

@@ -11,7 +11,8 @@ from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.critic import CriticConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
-from hetrl.trainer.shards import SampleMeta, minibatch_bounds, shard_indices, step_shard
+from hetrl.records import SampleMeta
+from hetrl.trainer.shards import minibatch_bounds, shard_indices, step_shard
 
 MODEL = ModelConfig(arch="llama", num_layers=2)
 BASE = TrainerConfig(precision="fp32", lr=1e-3, micro_batch_size=2, grad_clip=1.0)

@@ -11,8 +11,9 @@ from samples import make_samples
 from hetrl.config.algorithm import AlgorithmConfig
 from hetrl.config.model import ModelConfig
 from hetrl.config.trainer import TrainerConfig
+from hetrl.records import SampleMeta
 from hetrl.trainer.batch import build_train_batch
-from hetrl.trainer.shards import SampleMeta, shard_indices
+from hetrl.trainer.shards import shard_indices
 from hetrl.trainer.shared_prompts import PAD_BRANCH, prompt_groups, tree_length
 
 DENSE = ModelConfig(arch="llama", num_layers=2)

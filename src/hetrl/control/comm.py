@@ -44,6 +44,7 @@ class Tag(enum.IntEnum):
     WORK = 10
     RESULT = 11
     CONTROL = 12
+    SHARD = 13  # a trainer replica's samples (protocol.TrainShard), received only while a step waits for them
 
 
 class PeerTimeout(TimeoutError):

@@ -4,6 +4,14 @@ Messages are plain dataclasses, pickled by mpi4py (``hetrl.control.comm``). The 
 every sample id; a worker only ever answers with the ids it was given, so the orchestrator can
 prove that each sample was generated, rewarded and trained at most once.
 
+Payloads travel where they are used, never through the orchestrator, which deals in
+:class:`~hetrl.records.SampleMeta` alone. The engine that generated a sample keeps it: it sends the
+sample's :class:`ScoringView` straight to the reward rank the orchestrator named (:class:`RolloutWork`),
+and, when the orchestrator puts the sample in a step, the sample to the trainer replica that trains on it
+(:class:`ShipSamples` -> :class:`TrainShard`); a sample that will not be trained is dropped
+(:class:`DropSamples`). The trainer's leader tells the orchestrator once where each replica receives
+(:class:`TrainerLayout`).
+
 Sections: the orchestrator's work and its results (rollout, reward, trainer), weight pushes,
 checkpoints, the services (env, reward server), and pre-emption.
 """
@@ -13,22 +21,68 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, EpisodeItem, Sample, SamplingParams
+from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, EpisodeItem, Sample, SampleMeta, SamplingParams
 
 
 @dataclass
 class RolloutWork:
     items: list[EpisodeItem]
     sampling: SamplingParams
-    purpose: str = "train"  # "train" | "eval"
+    purpose: str  # "train" | "eval"
+    reward_rank: int  # the world rank the engine sends the finished samples' scoring views to
 
 
 @dataclass
 class RolloutDone:
-    samples: list[Sample]
+    """Engine -> orchestrator: samples finished (their metadata; the engine keeps the payloads and has sent
+    their scoring views to the work's reward rank) and episodes lost (re-queued)."""
+
+    metas: list[SampleMeta]
     failed: list[str] = field(default_factory=list)  # sample ids the engine could not finish (re-queued)
+
+
+@dataclass
+class RescoreSamples:
+    """Orchestrator -> engine: send these held samples' scoring views to ``reward_rank`` (their scoring failed)."""
+
+    sample_ids: list[str]
+    reward_rank: int
+
+
+@dataclass
+class ShipSamples:
+    """Orchestrator -> engine: send held samples to the trainer replicas of step ``step``, one
+    :class:`TrainShard` per ``(receiver world rank, sample ids)``, and forget them."""
+
+    step: int
+    shards: list[tuple[int, list[str]]]
+
+
+@dataclass
+class DropSamples:
+    """Orchestrator -> engine: forget these held samples (evaluated, dropped as stale or uninformative, or about
+    to be generated again)."""
+
+    sample_ids: list[str]
+
+
+@dataclass
+class TrainShard:
+    """A holder (an engine; the orchestrator for warm-start demonstrations) -> a trainer replica's receiver
+    (``Tag.SHARD``): samples of step ``step`` that replica trains on."""
+
+    step: int
+    samples: list[Sample]
+
+
+@dataclass
+class TrainerLayout:
+    """Trainer leader -> orchestrator, once at start: where each data-parallel replica receives its shard, and what
+    the shard functions (``hetrl.trainer.shards``) need besides the metadata to deal a step as the trainer does."""
+
+    receivers: list[int]  # world rank of each replica's receiver, by data-parallel rank
+    tokens_per_image: int | None  # image placeholder expansion; None: a text model
+    shared_prompts: bool
 
 
 @dataclass
@@ -78,8 +132,8 @@ class ScoredSample:
     flags: list[str]
     metrics: dict[str, float]  # the reward functions' per-sample metrics (Sample.info[REWARD_METRICS_KEY])
 
-    def apply_to(self, sample: Sample) -> Sample:
-        """Write the verdict into the sample (its own flags, from the episode, are kept)."""
+    def apply_to(self, sample: SampleMeta) -> SampleMeta:
+        """Write the verdict into the sample's metadata (its own flags, from the episode, are kept)."""
         sample.rewards = dict(self.rewards)
         sample.reward = self.reward
         sample.flags = sorted(set(sample.flags) | set(self.flags))
@@ -89,7 +143,9 @@ class ScoredSample:
 
 @dataclass
 class RewardWork:
-    views: list[ScoringView]  # the orchestrator keeps the samples (its ledger) and merges the verdicts in
+    """Engine -> reward rank: what the rubric reads of samples; the verdicts go to the orchestrator."""
+
+    views: list[ScoringView]
 
 
 @dataclass
@@ -101,22 +157,22 @@ class RewardDone:
 
 @dataclass
 class TrainWork:
-    """One step's full batch of rewarded samples, sent once to the trainer's leader (trainer rank 0),
-    which shares it with the other trainer ranks; the trainer turns the rewards into advantages."""
+    """One step's metadata, every sample in order, sent once to the trainer's leader (trainer rank 0), which
+    shares it with the other trainer ranks; each replica's samples come as :class:`TrainShard`. The trainer turns
+    the rewards into advantages."""
 
     step: int
-    samples: list[Sample]
+    metas: list[SampleMeta]
     supervised: bool = False  # warm-start: maximise the likelihood of demonstrations
 
 
 @dataclass
 class TrainDone:
+    """The step's metrics (the engine vs trainer mismatch included: the trainer holds both log-probs)."""
+
     step: int
     version: int
     metrics: dict[str, float]
-    # The trainer's log-probs of each sample's completion before the update (engine vs trainer
-    # mismatch), one float32 array per sample: a quarter of the bytes of a list of Python floats.
-    trainer_logprobs: list[np.ndarray] | None = None
 
 
 @dataclass

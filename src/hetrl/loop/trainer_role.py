@@ -60,13 +60,13 @@ from hetrl.loop import faults
 from hetrl.loop.faults import RankFaults
 from hetrl.monitor import names
 from hetrl.monitor.mfu import MfuMeter
+from hetrl.records import SampleMeta
 from hetrl.trainer.checkpoint import load_checkpoint, save_checkpoint, start_checkpoint_writer
 from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.exporter import iter_hf_weight_buckets
 from hetrl.trainer.hf_convert import load_hf_checkpoint
 from hetrl.trainer.policy import PolicyTrainer
 from hetrl.trainer.rl_step import replica_shard, train_on_batch
-from hetrl.trainer.shards import SampleMeta
 from hetrl.transport.weights import WeightStreamBroken
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from hetrl.config.rollout import ROUTING_WITH_RECOMPUTE
 from hetrl.config.trainer import TrainerConfig
 from hetrl.control import timeline
 from hetrl.monitor import names
-from hetrl.records import Sample
+from hetrl.records import Sample, SampleMeta
 from hetrl.trainer import losses
 from hetrl.trainer.algorithms import LossInputs, compute_loss
 from hetrl.trainer.batch import MicroBatch, TrainBatch, build_train_batch
@@ -39,7 +39,7 @@ from hetrl.trainer.model import build_gpt_model
 from hetrl.trainer.optim import build_optimizer, wrap_ddp
 from hetrl.trainer.parallel import ParallelGroups, init_parallel
 from hetrl.trainer.routing_replay import RoutingReplay
-from hetrl.trainer.shards import SampleMeta, shard_indices
+from hetrl.trainer.shards import shard_indices
 from hetrl.trainer.vision import image_spec
 
 RoutingMode = Literal["off", "measure", "replay"]

@@ -1,7 +1,7 @@
 """One step's training on the trainer ranks: from rewarded samples to updated models.
 
 Every trainer rank calls :func:`train_on_batch` with the step's metadata (a few scalars per sample,
-:class:`hetrl.trainer.shards.SampleMeta`) and its data-parallel replica's shard of the samples; the
+:class:`hetrl.records.SampleMeta`) and its data-parallel replica's shard of the samples; the
 step's sample-space tensors ``[N, Tc]`` (loss masks, old/reference log-probs, values, advantages) are
 assembled on every rank from the replicas' shards by all-reduces over the data-parallel group. The rewards
 become advantages here, from tensors, because only the trainer has what some estimators need:
@@ -28,13 +28,13 @@ from torch import Tensor
 
 from hetrl.control import timeline
 from hetrl.monitor import names
-from hetrl.records import Sample
+from hetrl.records import Sample, SampleMeta
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
 from hetrl.trainer.batch import TrainBatch
 from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.parallel import ParallelGroups
 from hetrl.trainer.policy import PolicyTrainer
-from hetrl.trainer.shards import SampleMeta, minibatch_bounds, shard_indices, step_shard
+from hetrl.trainer.shards import minibatch_bounds, shard_indices, step_shard
 
 
 def _stack(parts: Sequence[Tensor], width: int) -> Tensor:

@@ -12,43 +12,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from hetrl.records import Sample
-
-
-@dataclass(frozen=True)
-class SampleMeta:
-    """What every replica needs of every sample of the step: a few scalars, no token or log-prob arrays.
-
-    ``prompt_key`` identifies the prompt's tokens (a hash of them: two samples of a group share a
-    row with shared prompts only when their prompts are the same).
-    """
-
-    sample_id: str
-    group_id: str
-    reward: float
-    prompt_len: int
-    completion_len: int
-    num_images: int
-    prompt_key: int
-
-    @classmethod
-    def of(cls, sample: Sample) -> SampleMeta:
-        return cls(
-            sample_id=sample.sample_id,
-            group_id=sample.group_id,
-            reward=sample.reward,
-            prompt_len=len(sample.prompt_ids),
-            completion_len=len(sample.completion_ids),
-            num_images=len(sample.images),
-            prompt_key=hash(tuple(sample.prompt_ids)),
-        )
-
-    def model_length(self, tokens_per_image: int | None) -> int:
-        """Model positions (prompt + completion, image placeholders expanded); ``None``: a text model."""
-        n = self.prompt_len + self.completion_len
-        return n if tokens_per_image is None else n + self.num_images * (tokens_per_image - 1)
+from hetrl.records import SampleMeta
 
 
 def minibatch_bounds(num_samples: int, num_minibatches: int) -> list[tuple[int, int]]:
