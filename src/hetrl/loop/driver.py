@@ -102,11 +102,8 @@ def run_orchestrator(ctx: RoleContext, cfg: HetrlConfig, run_dir: Path, model_di
         if "eval_before" not in summary:
             summary["eval_before"] = orch.evaluate(held_out)[0]
         for w in range(state.warm_steps_done, cfg.warm_start.steps):
-            orch.train(
-                -1 - w,
-                demonstrations(cfg, codec, tokenizer, cfg.warm_start.batch_size, demo_stream, w),
-                supervised=True,
-            )
+            demos = demonstrations(cfg, codec, tokenizer, cfg.warm_start.batch_size, demo_stream, w)
+            orch.train(-1 - w, [[orch.hold(s) for s in group] for group in demos], supervised=True)
             state.warm_steps_done, state.demo_stream = w + 1, demo_stream.state_dict()
             resume.safe_point(ctx, orch, state)
         if cfg.warm_start.steps and "eval_after_warm_start" not in summary:
@@ -163,7 +160,7 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
         batch, dropped_stale, dropped_uninformative = orch.collect_batch(max_lag, target)
     batch.sort(key=lambda group: id_order(group[0].sample_id))  # completion order varies; training must not
     samples = [s for g in batch for s in g]
-    generated = sum(sum(s.loss_mask) for s in samples)
+    generated = sum(s.num_policy_tokens for s in samples)
     monitor.progress("rollout", tokens=generated)
     monitor.progress("reward", tokens=generated)
     monitor.log(
@@ -178,8 +175,8 @@ def rl_step(orch: Orchestrator, cfg: HetrlConfig, monitor: Any, step: int, held_
     )
     with monitor.timer(step, "train"), timeline.span("train"):
         done = orch.train(step, batch)
-    monitor.progress("trainer", tokens=sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
-    measured = monitor.record_rollouts(step, samples, trainer_logprobs=done.trainer_logprobs)
+    monitor.progress("trainer", tokens=sum(s.prompt_len + s.completion_len for s in samples))
+    measured = monitor.record_rollouts(step, samples)  # the mismatch is in the trainer's metrics
     monitor.log(step, done.metrics)
     orch.observe_step({**measured, **done.metrics})  # the adaptive staleness bound of the next step
     if cfg.eval.every and (step + 1) % cfg.eval.every == 0:

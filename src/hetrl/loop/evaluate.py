@@ -42,7 +42,7 @@ from hetrl.loop.export import CheckpointError, CheckpointKind, export_trainer_ch
 from hetrl.loop.orchestrator import sampling_for
 from hetrl.models.hf import HF_ARCHITECTURES, hf_config, hf_config_dict
 from hetrl.monitor.eval import eval_metrics
-from hetrl.records import GenerationRequest, GenerationResult, Sample, SamplingParams
+from hetrl.records import GenerationRequest, GenerationResult, Sample, SampleMeta, SamplingParams
 from hetrl.reward.rubric import Rubric
 
 EVAL_FILE = "eval.json"
@@ -249,7 +249,7 @@ def evaluate_checkpoint(cfg: HetrlConfig, checkpoint: str | Path, out: str | Pat
         mean_reward=sum(s.reward for s in samples) / len(samples),
         num_tasks=len(tasks),
         num_samples=len(samples),
-        metrics=eval_metrics(samples, ks=sorted({1, cfg.eval.k})),
+        metrics=eval_metrics([SampleMeta.of(s) for s in samples], ks=sorted({1, cfg.eval.k})),
     )
     target = Path(out) if out is not None else path / EVAL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,13 @@
 """The orchestrator: owns the task stream, every sample id, the schedule and the staleness bound.
 
-One rank on the CPU partition. It hands episodes to the rollout ranks, sends the reward workers what
-their rubric reads of each finished sample (keeping the sample, into which it merges their verdicts),
-assembles each step's batch from complete groups and sends it, once, to the trainer's leader
-(trainer rank 0), which shares it inside the trainer; the trainer pushes its new weights straight
-to the engines (torch.distributed), the orchestrator only tells the engines when to take them.
+One rank on the CPU partition, dealing in metadata alone (:class:`~hetrl.records.SampleMeta`): the
+payloads stay with the engine that generated them (see ``hetrl.control.protocol``). It hands episodes to
+the rollout ranks, naming the reward worker each engine sends its finished samples' scoring views to,
+merges the workers' verdicts into the metadata, assembles each step's batch from complete groups, has
+each engine ship its samples of the step to the trainer replicas that train on them, and sends the
+step's metadata, once, to the trainer's leader (trainer rank 0), which shares it inside the trainer;
+the trainer pushes its new weights straight to the engines (torch.distributed), the orchestrator only
+tells the engines when to take them.
 When an engine refuses a push (:class:`PushRefused`), the orchestrator has the trainer send the
 same version again, unless a newer push is on its way; the engine's samples from its old version
 meet the staleness bound.
@@ -45,20 +48,24 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness
 from hetrl.control.comm import PeerTimeout, RoleContext, Tag, naps, poll, send
 from hetrl.control.protocol import (
+    DropSamples,
     MemoryReleased,
     PushFailed,
     PushRefused,
     PushWeights,
     ReleaseMemory,
+    RescoreSamples,
     RewardDone,
-    RewardWork,
     RolloutDone,
     RolloutWork,
-    ScoringView,
+    ScoredSample,
     ServingWeights,
+    ShipSamples,
     Shutdown,
     SyncWeights,
     TrainDone,
+    TrainerLayout,
+    TrainShard,
     TrainWork,
 )
 from hetrl.control.role_loop import RoleLoop
@@ -70,7 +77,8 @@ from hetrl.loop.staleness import build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.monitor import names
 from hetrl.monitor.eval import eval_metrics
 from hetrl.monitor.guards import IDLE
-from hetrl.records import CONVERSATION_KEY, EpisodeItem, Sample, SamplingParams, id_order
+from hetrl.records import EpisodeItem, Sample, SampleMeta, SamplingParams, id_order
+from hetrl.trainer.shards import step_shard
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console
@@ -85,7 +93,10 @@ class _Ledger:
 
     dispatched: dict[str, EpisodeItem] = field(default_factory=dict)  # at an engine
     at_engine: dict[str, int] = field(default_factory=dict)  # sample id -> engine rank
-    rewarding: dict[str, Sample] = field(default_factory=dict)  # at a reward worker (which has its ScoringView)
+    rewarding: dict[str, SampleMeta] = field(default_factory=dict)  # at a reward worker (which has its ScoringView)
+    # sample id -> the world rank holding its payloads (its engine; the orchestrator for demonstrations), from its
+    # generation until it is shipped to the trainer or dropped
+    held_at: dict[str, int] = field(default_factory=dict)
     scoring_failures: dict[str, list[int]] = field(default_factory=dict)  # sample id -> workers that failed it
     issued: set[str] = field(default_factory=set)  # every training sample id ever dispatched
     trained: set[str] = field(default_factory=set)
@@ -132,7 +143,7 @@ def sampling_for(cfg: HetrlConfig, purpose: str, eos_token_id: int) -> SamplingP
     )
 
 
-def group_lag(group: list[Sample], trainer_version: int) -> int:
+def group_lag(group: list[SampleMeta], trainer_version: int) -> int:
     """Policy versions between the trainer and the group's oldest sampled token (0 if none was sampled)."""
     versions = [s.min_version for s in group if s.min_version >= 0]
     return trainer_version - min(versions) if versions else 0
@@ -150,9 +161,15 @@ class Orchestrator:
         self.trainer_leader = ctx.plan.ranks_of("trainer")[0]  # the one trainer rank the orchestrator talks to
         self.version = 0
         self.ledger = _Ledger()
-        self.groups: dict[str, list[Sample]] = defaultdict(list)  # rewarded samples per group
-        self.ready: list[list[Sample]] = []  # complete groups waiting for the trainer
-        self.results: dict[str, list[Sample]] = defaultdict(list)  # purpose -> rewarded samples
+        self.groups: dict[str, list[SampleMeta]] = defaultdict(list)  # rewarded samples per group
+        self.ready: list[list[SampleMeta]] = []  # complete groups waiting for the trainer
+        self.results: dict[str, list[SampleMeta]] = defaultdict(list)  # purpose -> rewarded samples
+        self.layout: TrainerLayout | None = None  # where each trainer replica receives its shard (the leader says)
+        self._held: dict[str, Sample] = {}  # payloads the orchestrator holds itself: warm-start demonstrations
+        # verdicts that came before their sample's RolloutDone (engine -> reward -> orchestrator may overtake
+        # engine -> orchestrator): applied when it comes
+        self._early: dict[str, tuple[ScoredSample | None, int]] = {}  # None: its scoring failed
+        self._reward_of: dict[str, int] = {}  # sample id -> the reward worker charged with scoring it
         self.purpose_of: dict[str, str] = {}
         self.engine_load = dict.fromkeys(self.engines, 0)
         self.serving = dict.fromkeys(self.engines, 0)  # the weights version each engine has reported serving
@@ -181,6 +198,7 @@ class Orchestrator:
                 RolloutDone: self._on_rollout,
                 RewardDone: self._on_reward,
                 TrainDone: self._on_train_done,
+                TrainerLayout: self._on_layout,
                 PushRefused: self._on_push_refused,
                 ServingWeights: self._on_serving,
                 PushFailed: self._on_push_failed,
@@ -223,6 +241,7 @@ class Orchestrator:
         """
         per_engine: dict[int, list[EpisodeItem]] = defaultdict(list)
         for group in groups:
+            self._drop_held(item.sample_id for item in group)  # a group generated again: its old samples go
             engine = min(self.engines, key=lambda r: self.engine_load[r])
             per_engine[engine].extend(group)
             for item in group:
@@ -234,8 +253,19 @@ class Orchestrator:
             self.engine_load[engine] += len(group)
         sampling = self.sampling(purpose)
         for engine, items in per_engine.items():
-            send(self.ctx.world, RolloutWork(items, sampling, purpose), engine, Tag.WORK)
+            work = RolloutWork(items, sampling, purpose, self._reward_rank([item.sample_id for item in items]))
+            send(self.ctx.world, work, engine, Tag.WORK)
         self._report("rollout", bool(per_engine), "generating")
+
+    def _reward_rank(self, sample_ids: list[str], avoid: int | None = None) -> int:
+        """The least-loaded reward worker (another than ``avoid`` if there is one), charged with ``sample_ids``: it
+        scores them once their engine has finished them and sent it their views."""
+        workers = [r for r in self.reward_ranks if r != avoid] or self.reward_ranks
+        worker = min(workers, key=lambda r: self.reward_load[r])
+        self.reward_load[worker] += len(sample_ids)
+        for sample_id in sample_ids:
+            self._reward_of[sample_id] = worker
+        return worker
 
     # ------------------------------------------------------------------ message pump
 
@@ -268,6 +298,9 @@ class Orchestrator:
     def _on_train_done(self, message: TrainDone, trainer: int) -> None:
         self.train_done = message
 
+    def _on_layout(self, message: TrainerLayout, trainer: int) -> None:
+        self.layout = message
+
     def _on_serving(self, message: ServingWeights, engine: int) -> None:
         self.serving[engine] = max(self.serving[engine], message.version)
         if message.version >= self.version:
@@ -279,16 +312,26 @@ class Orchestrator:
         self._awake.discard(engine)
 
     def _on_rollout(self, message: RolloutDone, engine: int) -> None:
-        for sample in message.samples:
-            if self.ledger.dispatched.pop(sample.sample_id, None) is None:
-                raise RuntimeError(f"engine {engine} returned unknown or duplicate sample {sample.sample_id}")
-            del self.ledger.at_engine[sample.sample_id]
-            self.ledger.rewarding[sample.sample_id] = sample
-        self.engine_load[engine] -= len(message.samples) + len(message.failed)
+        """Finished samples go to their reward worker (their engine sent it their views); lost episodes run again."""
+        for meta in message.metas:
+            if self.ledger.dispatched.pop(meta.sample_id, None) is None:
+                raise RuntimeError(f"engine {engine} returned unknown or duplicate sample {meta.sample_id}")
+            del self.ledger.at_engine[meta.sample_id]
+            self.ledger.rewarding[meta.sample_id] = meta
+            self.ledger.held_at[meta.sample_id] = engine
+        self.engine_load[engine] -= len(message.metas) + len(message.failed)
         if message.failed:
             self._requeue_episodes(message.failed, engine)
-        if message.samples:
-            self._send_to_reward(message.samples, avoid=None)
+        if message.metas:
+            self._report("reward", True, "scoring")
+        for meta in message.metas:
+            if meta.sample_id not in self._early:
+                continue
+            verdict, worker = self._early.pop(meta.sample_id)
+            if verdict is None:
+                self._score_again([meta.sample_id], worker)
+            else:
+                self._take_verdict(verdict, worker)
         self._report("rollout", any(self.engine_load.values()), "generating")
 
     def _on_push_refused(self, message: PushRefused, engine: int) -> None:
@@ -379,46 +422,59 @@ class Orchestrator:
                 self.ledger.at_engine[item.sample_id] = engine
             self.engine_load[engine] += len(items)
             purpose = self.purpose_of[group_id]
-            send(self.ctx.world, RolloutWork(items, self.sampling(purpose), purpose), engine, Tag.WORK)
+            self._uncharge_reward([item.sample_id for item in items])  # its first worker will not see them
+            work = RolloutWork(items, self.sampling(purpose), purpose, self._reward_rank([i.sample_id for i in items]))
+            send(self.ctx.world, work, engine, Tag.WORK)
 
-    def _send_to_reward(self, samples: list[Sample], avoid: int | None) -> None:
-        """Send what the rubric reads of ``samples`` to the least-loaded reward worker (another than ``avoid`` if
-        there is one); the samples themselves stay in the ledger until their verdicts come back."""
-        workers = [r for r in self.reward_ranks if r != avoid] or self.reward_ranks
-        worker = min(workers, key=lambda r: self.reward_load[r])
-        self.reward_load[worker] += len(samples)
-        with_ids = self.cfg.reward.reads_completion_ids
-        send(self.ctx.world, RewardWork([ScoringView.of(s, with_ids) for s in samples]), worker, Tag.WORK)
-        self._report("reward", True, "scoring")
+    def _uncharge_reward(self, sample_ids: list[str]) -> None:
+        """The reward workers charged with ``sample_ids`` are done with them (scored, failed, or sent elsewhere)."""
+        for sample_id in sample_ids:
+            worker = self._reward_of.pop(sample_id, None)
+            if worker is not None:
+                self.reward_load[worker] -= 1
 
     def _on_reward(self, message: RewardDone, worker: int) -> None:
-        """Merge the worker's verdicts into the samples the ledger kept; its failed samples are scored again."""
-        self.reward_load[worker] -= len(message.scored) + len(message.failed)
+        """Merge the worker's verdicts into the samples' metadata; its failed samples are scored again. A verdict on a
+        sample whose RolloutDone has not come yet (it may overtake it) waits for it."""
+        self._uncharge_reward([v.sample_id for v in message.scored] + message.failed)
         self._charge_scoring(message)
-        if message.failed:
-            self._score_again(message.failed, worker)
+        failed = []
+        for sample_id in message.failed:
+            if sample_id in self.ledger.dispatched:
+                self._early[sample_id] = (None, worker)
+            else:
+                failed.append(sample_id)
+        if failed:
+            self._score_again(failed, worker)
         for verdict in message.scored:
-            sample = self.ledger.rewarding.pop(verdict.sample_id, None)
-            if sample is None:
-                raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {verdict.sample_id}")
-            self.ledger.scoring_failures.pop(verdict.sample_id, None)
-            verdict.apply_to(sample)
-            sample.info.pop(CONVERSATION_KEY, None)  # the rewards' copy: the trainer and the store have the texts
-            group = self.groups[sample.group_id]
-            group.append(sample)
-            if len(group) == self._group_size(sample.group_id):
-                del self.groups[sample.group_id]
-                purpose = self.purpose_of.pop(sample.group_id)
-                if purpose == "train":
-                    self._train_groups_open -= 1
-                    self.ready.append(sorted(group, key=lambda s: s.sample_id))
-                else:
-                    self.results[purpose].extend(group)
+            if verdict.sample_id in self.ledger.dispatched:
+                self._early[verdict.sample_id] = (verdict, worker)
+            else:
+                self._take_verdict(verdict, worker)
         self._report("reward", any(self.reward_load.values()), "scoring")
+
+    def _take_verdict(self, verdict: ScoredSample, worker: int) -> None:
+        """A sample's verdict into its metadata; a complete group is ready to train (or its evaluation done)."""
+        meta = self.ledger.rewarding.pop(verdict.sample_id, None)
+        if meta is None:
+            raise RuntimeError(f"reward worker {worker} returned unknown or duplicate sample {verdict.sample_id}")
+        self.ledger.scoring_failures.pop(verdict.sample_id, None)
+        verdict.apply_to(meta)
+        group = self.groups[meta.group_id]
+        group.append(meta)
+        if len(group) == self._group_size(meta.group_id):
+            del self.groups[meta.group_id]
+            purpose = self.purpose_of.pop(meta.group_id)
+            if purpose == "train":
+                self._train_groups_open -= 1
+                self.ready.append(sorted(group, key=lambda m: m.sample_id))
+            else:
+                self.results[purpose].extend(group)
 
     def _score_again(self, sample_ids: list[str], worker: int) -> None:
         """Samples whose scoring failed (the worker's rubric broke and was rebuilt) go to another worker if there is
-        one; a sample failed ``MAX_SCORING_FAILURES`` times in a row stops the job, naming the workers."""
+        one (their engines send it their views again); a sample failed ``MAX_SCORING_FAILURES`` times in a row stops
+        the job, naming the workers."""
         logger.warning("reward worker rank %d failed %d sample(s); retrying them", worker, len(sample_ids))
         for sample_id in sample_ids:
             if sample_id not in self.ledger.rewarding:
@@ -432,7 +488,29 @@ class Orchestrator:
                     "rebuilt rubric: it cannot be scored. See their logs (RUN/logs/reward_<n>.log)"
                 )
         self.ledger.requeued_reward += len(sample_ids)
-        self._send_to_reward([self.ledger.rewarding[i] for i in sample_ids], avoid=worker)
+        other = self._reward_rank(sample_ids, avoid=worker)
+        for engine, ids in self._by_holder(sample_ids).items():
+            send(self.ctx.world, RescoreSamples(ids, other), engine, Tag.WORK)
+        self._report("reward", True, "scoring")
+
+    def _by_holder(self, sample_ids: Any) -> dict[int, list[str]]:
+        """``sample_ids`` (those held anywhere) by the rank holding their payloads."""
+        held: dict[int, list[str]] = defaultdict(list)
+        for sample_id in sample_ids:
+            if sample_id in self.ledger.held_at:
+                held[self.ledger.held_at[sample_id]].append(sample_id)
+        return held
+
+    def _drop_held(self, sample_ids: Any) -> None:
+        """Have the holders of ``sample_ids`` forget their payloads (evaluated, dropped, or to be generated again)."""
+        for holder, ids in self._by_holder(sample_ids).items():
+            for sample_id in ids:
+                del self.ledger.held_at[sample_id]
+            if holder == self.ctx.rank:
+                for sample_id in ids:
+                    del self._held[sample_id]
+            else:
+                send(self.ctx.world, DropSamples(ids), holder, Tag.WORK)
 
     def _charge_scoring(self, message: RewardDone) -> None:
         """Split the batch's scoring time evenly over its training samples (failed ones too: they cost it)."""
@@ -458,6 +536,7 @@ class Orchestrator:
         while len(self.results["eval"]) < len(tasks_with_seeds) * self.cfg.eval.k:
             self.pump("held-out evaluation episodes and their rewards", timeout_s=600)
         samples, self.results["eval"] = sorted(self.results["eval"], key=lambda s: id_order(s.sample_id)), []
+        self._drop_held(s.sample_id for s in samples)
         require_room(samples, self.cfg.env.max_episode_tokens, "evaluation")
         mean_reward = sum(s.reward for s in samples) / len(samples)
         return mean_reward, eval_metrics(samples, ks=sorted({1, self.cfg.eval.k}))
@@ -468,29 +547,63 @@ class Orchestrator:
         """Send ``message`` to the trainer: to its leader, which shares it with every trainer rank."""
         send(self.ctx.world, message, self.trainer_leader, Tag.WORK)
 
-    def train(self, step: int, groups: list[list[Sample]], supervised: bool = False) -> TrainDone:
-        """Send one step's batch to the trainer (once) and wait for the new version."""
-        samples = [s for g in groups for s in g]
+    def hold(self, sample: Sample) -> SampleMeta:
+        """Keep a sample made here (a warm-start demonstration) to ship to the trainer as engines do theirs."""
+        self._held[sample.sample_id] = sample
+        self.ledger.held_at[sample.sample_id] = self.ctx.rank
+        return SampleMeta.of(sample)
+
+    def train(self, step: int, groups: list[list[SampleMeta]], supervised: bool = False) -> TrainDone:
+        """Have the step's samples shipped to the trainer replicas, send it the step's metadata (once), and wait for
+        the new version."""
+        metas = [m for g in groups for m in g]
         if not supervised:
-            require_room(samples, self.cfg.env.max_episode_tokens, f"RL step {step}")
-        for s in samples:
-            if s.sample_id in self.ledger.trained:
-                raise RuntimeError(f"sample {s.sample_id} would be trained on twice")
-            self.ledger.trained.add(s.sample_id)
-            self._open_tasks.pop(s.group_id, None)
+            require_room(metas, self.cfg.env.max_episode_tokens, f"RL step {step}")
+        for m in metas:
+            if m.sample_id in self.ledger.trained:
+                raise RuntimeError(f"sample {m.sample_id} would be trained on twice")
+            self.ledger.trained.add(m.sample_id)
+            self._open_tasks.pop(m.group_id, None)
+        while self.layout is None:
+            self.pump("the trainer's layout (where each replica receives its shard)", timeout_s=3600)
         self.train_done, self._training = None, True
+        self._ship(step, metas, num_minibatches=1 if supervised else self.cfg.trainer.updates_per_batch)
         if self.cfg.rollout.placement == "colocated":
             self._release_engines(step)
-        self.to_trainer(TrainWork(step, samples, supervised))
+        self.to_trainer(TrainWork(step, metas, supervised))
         self._report("trainer", True, "training")
         while self.train_done is None:
             self.pump(f"the trainer's step {step} (v{self.version} -> v{self.version + 1})", timeout_s=3600)
         done, self.train_done, self._training = self.train_done, None, False
         self._report("trainer", False, "training")
         if not supervised:
-            done.metrics[names.time_phase("reward")] = sum(self._reward_s.pop(s.sample_id, 0.0) for s in samples)
+            done.metrics[names.time_phase("reward")] = sum(self._reward_s.pop(m.sample_id, 0.0) for m in metas)
         self.sync_engines(done.version)
         return done
+
+    def _ship(self, step: int, metas: list[SampleMeta], num_minibatches: int) -> None:
+        """Each holder sends each trainer replica its samples of the step: one :class:`ShipSamples` per engine (its
+        shards for every replica), the orchestrator's own demonstrations as :class:`TrainShard` straight away. The
+        replicas are dealt by the trainer's own functions (``hetrl.trainer.shards``) on the same metadata."""
+        layout = self.layout
+        per_holder: dict[int, list[tuple[int, list[str]]]] = defaultdict(list)
+        for dp_rank, receiver in enumerate(layout.receivers):
+            indices = step_shard(
+                metas, num_minibatches, dp_rank, len(layout.receivers), layout.tokens_per_image, layout.shared_prompts
+            )
+            for holder, ids in self._by_holder(metas[i].sample_id for i in indices).items():
+                per_holder[holder].append((receiver, ids))
+        missing = [m.sample_id for m in metas if m.sample_id not in self.ledger.held_at]
+        if missing:
+            raise RuntimeError(f"step {step}: no rank holds samples {missing[:8]}")
+        for holder, shards in per_holder.items():
+            if holder == self.ctx.rank:
+                for receiver, ids in shards:
+                    send(self.ctx.world, TrainShard(step, [self._held.pop(i) for i in ids]), receiver, Tag.SHARD)
+            else:
+                send(self.ctx.world, ShipSamples(step, shards), holder, Tag.WORK)
+        for m in metas:
+            del self.ledger.held_at[m.sample_id]
 
     def _release_engines(self, step: int) -> None:
         """Colocated engines give the trainer their GPU memory: the step starts once every one has slept.
@@ -555,7 +668,7 @@ class Orchestrator:
         self._open_tasks[group_id] = cursor
         return group_items(group_id, task, seed, self.cfg.algorithm.group_size)
 
-    def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[Sample]], int, int]:
+    def collect_batch(self, max_lag: int, target_groups: int) -> tuple[list[list[SampleMeta]], int, int]:
         """Wait for ``prompts_per_step`` fresh groups; (DAPO) drop all-equal ones, refilling.
 
         A group more than ``max_lag`` versions old is dropped and refilled from the stream
@@ -564,7 +677,7 @@ class Orchestrator:
         and all-equal groups dropped.
         """
         want = self.cfg.run.prompts_per_step
-        batch: list[list[Sample]] = []
+        batch: list[list[SampleMeta]] = []
         dropped_stale = dropped_equal = 0
         draws_left = 20 * want  # dynamic sampling gives up refilling after this many extra groups
         while len(batch) < want:
@@ -587,13 +700,14 @@ class Orchestrator:
                 continue
             self.ledger.dropped_stale += 0 if lag <= max_lag else len(group)
             self.ledger.dropped.update(s.sample_id for s in group)
+            self._drop_held(s.sample_id for s in group)
             self._open_tasks.pop(group[0].group_id, None)
             for s in group:
                 self._reward_s.pop(s.sample_id, None)
             self.top_up(target_groups - len(batch))  # the batch so far counts against the target
         return batch, dropped_stale, dropped_equal
 
-    def _regenerate(self, group: list[Sample]) -> None:
+    def _regenerate(self, group: list[SampleMeta]) -> None:
         """Dispatch a complete, stale group again: the same group and sample ids, task and episode
         seeds (from the task's stream cursor), sampled by the policy the engines were last told to
         serve. It stays outstanding (so counts against the top-up target) until it completes again;

@@ -1,8 +1,9 @@
 """The reward role: scores finished samples with the recipe's rubric, many at once, as a stream.
 
-Each :class:`RewardWork` carries what the rubric reads of its samples (``ScoringView``: texts, answer,
-length, the environment's rewards; never routing arrays, images, log-probs or versions) and is answered by
-:class:`RewardDone` messages carrying the verdicts (``ScoredSample``: rewards per source, total, flags,
+Each :class:`RewardWork` comes from the engine that generated its samples (the orchestrator named this
+rank to it) and carries what the rubric reads of them (``ScoringView``: texts, answer, length, the
+environment's rewards; never routing arrays, images, log-probs or versions); it is answered, to the
+orchestrator, by :class:`RewardDone` messages carrying the verdicts (``ScoredSample``: rewards per source, total, flags,
 metrics), sent as they finish (``hetrl.reward.worker.ConcurrentScorer``: ``reward.workers`` samples at a
 time, so code tests run side by side on the sandbox pool and judge and reward-model requests are in flight
 together), with the wall time the worker was busy since its previous answer (the orchestrator turns it into
@@ -13,7 +14,7 @@ rubric), those samples come back as ``failed`` for the orchestrator to retry a b
 
 Served models: when the rubric uses the judge or the reward model, they live on the
 reward_server ranks (``hetrl.loop.reward_server_role``); this rank's main thread -- the only one
-that touches MPI -- pumps their client between polls of the orchestrator: its rounds are
+that touches MPI -- pumps their client between polls for work: its rounds are
 ``hetrl.control.role_loop.RoleLoop``'s, a handler per message (``RewardWork``, ``Shutdown``), then the
 pump and the answers as the role's own work.
 """
@@ -51,7 +52,7 @@ class _RiggedFaults:
 
 
 class RewardRank:
-    """One reward worker: takes the orchestrator's work, scores it concurrently, streams the results back."""
+    """One reward worker: takes the engines' work, scores it concurrently, streams the verdicts to the orchestrator."""
 
     def __init__(self, ctx: RoleContext, cfg: HetrlConfig, rank_faults: RankFaults) -> None:
         self.ctx, self.cfg = ctx, cfg
@@ -70,8 +71,7 @@ class RewardRank:
         self.busy_since: float | None = None  # wall time charged to the next answer starts here
         self.loop = RoleLoop(
             ctx,
-            {RewardWork: self._take_work, Shutdown: self._on_shutdown},
-            source=ctx.orchestrator_rank,
+            {RewardWork: self._take_work, Shutdown: self._on_shutdown},  # work from any engine
             wake=self.wake,
         )
 
@@ -81,7 +81,7 @@ class RewardRank:
         return ConcurrentScorer(rubric, self.cfg.reward.workers, self.wake)
 
     def run(self) -> None:
-        """Rounds of the role loop until Shutdown: the orchestrator's work, the reward servers' answers, the verdicts
+        """Rounds of the role loop until Shutdown: the engines' work, the reward servers' answers, the verdicts
         that finished. A round that moved nothing naps (``comm.naps``), or until a scoring thread's wake-up."""
         try:
             self.loop.run(work=self._work, activity=self._activity, idle="waiting for samples to score")

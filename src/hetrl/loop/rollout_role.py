@@ -5,7 +5,12 @@ asyncio episode (:class:`hetrl.env.episodes.EpisodeRunner`, at most ``env.concur
 whose ``generate`` calls go to the local engine, and streams finished samples back as soon as a
 poll round completes them. The episode's environment runs in this process (``env.placement:
 inline``) or on an env rank of the CPU partition (``role``: ``hetrl.loop.env_role``); either way
-the token ids stay here. Weight pushes arrive on the weight-sync group when the orchestrator says
+the token ids stay here.
+
+The rank holds what it generated (the data plane, ``hetrl.control.protocol``): a finished sample's
+metadata goes to the orchestrator, its scoring view to the reward rank the work named, and the sample
+stays here until the orchestrator has it shipped to the trainer replicas of a step (:class:`ShipSamples`)
+or dropped (:class:`DropSamples`). Weight pushes arrive on the weight-sync group when the orchestrator says
 :class:`SyncWeights`; they are applied between two decoding steps (in-flight samples are paused
 and resumed under the new version).
 
@@ -41,14 +46,20 @@ from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
 from hetrl.control.comm import RoleContext, Tag, send
 from hetrl.control.protocol import (
+    DropSamples,
     MemoryReleased,
     PushRefused,
     ReleaseMemory,
+    RescoreSamples,
+    RewardWork,
     RolloutDone,
     RolloutWork,
+    ScoringView,
     ServingWeights,
+    ShipSamples,
     Shutdown,
     SyncWeights,
+    TrainShard,
 )
 from hetrl.control.role_loop import Handler, RoleLoop
 from hetrl.env.chat import ChatCodec
@@ -56,7 +67,7 @@ from hetrl.env.episodes import EpisodeRunner
 from hetrl.env.registry import env_factory
 from hetrl.loop.env_role import EnvRoleClient
 from hetrl.loop.faults import Countdown
-from hetrl.records import GenerationRequest, GenerationResult, SamplingParams
+from hetrl.records import GenerationRequest, GenerationResult, Sample, SampleMeta, SamplingParams
 from hetrl.rollout.engine import GenerationEngine
 from hetrl.transport.weights import WeightStreamBroken, WeightSyncError, shared_memory
 
@@ -95,6 +106,8 @@ class RolloutWorker:
             concurrency=cfg.env.concurrency,
         )
         self._waiting: dict[str, asyncio.Future] = {}
+        self.held: dict[str, Sample] = {}  # finished samples, until shipped to the trainer or dropped
+        self._reward_rank: dict[str, int] = {}  # episode id -> the reward rank its work named
         self._request_ids = itertools.count()
         self._episodes_started = False  # since the last engine step
         self.loop = RoleLoop(ctx, self.handlers(), source=ctx.orchestrator_rank)
@@ -124,6 +137,9 @@ class RolloutWorker:
         """What this rank does with each of the orchestrator's messages."""
         return {
             RolloutWork: self._on_work,
+            RescoreSamples: self._on_rescore,
+            ShipSamples: self._on_ship,
+            DropSamples: self._on_drop,
             SyncWeights: self._on_sync,
             ReleaseMemory: self._on_release,
             Shutdown: self._on_shutdown,
@@ -133,8 +149,26 @@ class RolloutWorker:
         if self._generating_since is None:
             self._generating_since = time.time()
         for item in message.items:
+            self._reward_rank[item.sample_id] = message.reward_rank
             self.episodes.start(item, message.sampling)
         self._episodes_started = True
+
+    def _send_views(self, sample_ids: list[str], reward_rank: int) -> None:
+        with_ids = self.cfg.reward.reads_completion_ids
+        views = [ScoringView.of(self.held[sample_id], with_ids) for sample_id in sample_ids]
+        send(self.ctx.world, RewardWork(views), reward_rank, Tag.WORK)
+
+    def _on_rescore(self, message: RescoreSamples, source: int) -> None:
+        self._send_views(message.sample_ids, message.reward_rank)
+
+    def _on_ship(self, message: ShipSamples, source: int) -> None:
+        for receiver, sample_ids in message.shards:
+            samples = [self.held.pop(sample_id) for sample_id in sample_ids]
+            send(self.ctx.world, TrainShard(message.step, samples), receiver, Tag.SHARD)
+
+    def _on_drop(self, message: DropSamples, source: int) -> None:
+        for sample_id in message.sample_ids:
+            del self.held[sample_id]
 
     def _on_sync(self, message: SyncWeights, source: int) -> None:
         self._wake("weights")
@@ -250,12 +284,21 @@ class RolloutWorker:
         self.engine.shutdown()
 
     async def _work(self) -> bool:
-        """The samples the episodes finished since the last round go to the orchestrator (they finished in the
-        turns the loop gave them after it), the env ranks' answers come in, and the engine takes one decoding step.
-        True if anything but a send moved."""
+        """The samples the episodes finished since the last round are held, their metadata goes to the orchestrator
+        and their views to their reward ranks (they finished in the turns the loop gave them after it), the env
+        ranks' answers come in, and the engine takes one decoding step. True if anything but a send moved."""
         done, failed = self.episodes.take()
+        for sample_id in failed:
+            del self._reward_rank[sample_id]  # re-queued: its next work names its reward rank
         if done or failed:
-            send(self.ctx.world, RolloutDone(done, failed), self.ctx.orchestrator_rank, Tag.RESULT)
+            metas = [SampleMeta.of(sample) for sample in done]
+            send(self.ctx.world, RolloutDone(metas, failed), self.ctx.orchestrator_rank, Tag.RESULT)
+        by_reward_rank: dict[int, list[str]] = {}
+        for sample in done:
+            self.held[sample.sample_id] = sample
+            by_reward_rank.setdefault(self._reward_rank.pop(sample.sample_id), []).append(sample.sample_id)
+        for reward_rank, sample_ids in by_reward_rank.items():
+            self._send_views(sample_ids, reward_rank)
         env_moved = self.env_client.pump() if self.env_client else False
         episodes_started, self._episodes_started = self._episodes_started, False
         if episodes_started or env_moved:

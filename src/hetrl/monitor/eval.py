@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.records import Sample
+from hetrl.records import SampleMeta
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,9 +42,9 @@ def mean_at_k(rewards_per_prompt: Sequence[Sequence[float]]) -> float:
 
 
 def eval_metrics(
-    samples: Sequence[Sample],
+    samples: Sequence[SampleMeta],
     ks: Sequence[int],
-    is_correct: Callable[[Sample], bool] = lambda s: s.reward >= 1.0,
+    is_correct: Callable[[SampleMeta], bool] = lambda s: s.reward >= 1.0,
 ) -> dict[str, float]:
     """``eval/<task>/pass@<k>`` and ``eval/<task>/mean@<k>`` for each task in ``samples``.
 
@@ -53,10 +53,10 @@ def eval_metrics(
     predicate for graded rewards. pass@k uses all n samples of a prompt (the unbiased estimator);
     mean@k averages each prompt's first k samples, so it is literally the mean over k samples.
     """
-    groups: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[SampleMeta]] = defaultdict(list)
     for s in samples:
         groups[(s.task_name, s.group_id)].append(s)
-    by_task: dict[str, list[list[Sample]]] = defaultdict(list)
+    by_task: dict[str, list[list[SampleMeta]]] = defaultdict(list)
     for (task, _), group in groups.items():
         by_task[task].append(group)
     out: dict[str, float] = {}

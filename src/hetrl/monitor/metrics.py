@@ -1,7 +1,7 @@
 """Per-step metrics computed from finished samples, so every loop reports them the same way.
 
 The trainer's own numbers (losses, clip fractions, entropy, grad norm) come from the trainer; what
-can be derived from :class:`hetrl.records.Sample` records alone lives here: reward statistics in
+can be derived from :class:`hetrl.records.SampleMeta` records alone lives here: reward statistics in
 total, per reward source and per task, lengths and truncation, turns and tool calls, flag rates,
 policy staleness, and MFU from a token rate.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hetrl.monitor import names
-from hetrl.records import ENV_WAIT_KEY, REWARD_METRICS_KEY, Sample
+from hetrl.records import ENV_WAIT_KEY, REWARD_METRICS_KEY, SampleMeta
 
 
 def _stats(values: Sequence[float], name_of) -> dict[str, float]:
@@ -27,7 +27,7 @@ def _stats(values: Sequence[float], name_of) -> dict[str, float]:
     }
 
 
-def reward_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+def reward_metrics(samples: Sequence[SampleMeta]) -> dict[str, float]:
     """``reward/*`` in total, per source (raw, unweighted) and per task; {} for no samples."""
     if not samples:
         return {}
@@ -45,11 +45,11 @@ def reward_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     return out
 
 
-def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+def rollout_metrics(samples: Sequence[SampleMeta]) -> dict[str, float]:
     """Reward, length, truncation, episode and flag metrics of one step's samples."""
     if not samples:
         return {}
-    lengths = np.array([len(s.completion_ids) for s in samples], dtype=np.float64)
+    lengths = np.array([s.completion_len for s in samples], dtype=np.float64)
     out = reward_metrics(samples)
     out[names.RESPONSE_LENGTH_MEAN] = float(lengths.mean())
     out[names.RESPONSE_LENGTH_MAX] = float(lengths.max())
@@ -71,9 +71,9 @@ def rollout_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     return out
 
 
-def reward_function_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+def reward_function_metrics(samples: Sequence[SampleMeta]) -> dict[str, float]:
     """The step's mean of each documented per-sample metric the reward functions reported
-    (``Sample.info["reward_metrics"]``, e.g. ``judge/failed_frac``), over the samples that carry it."""
+    (``SampleMeta.info["reward_metrics"]``, e.g. ``judge/failed_frac``), over the samples that carry it."""
     values: dict[str, list[float]] = defaultdict(list)
     for s in samples:
         for name, value in s.info.get(REWARD_METRICS_KEY, {}).items():
@@ -86,7 +86,7 @@ LEARNED_SOURCES = ("judge", "reward_model")
 VERIFIABLE_SOURCES = ("math", "code")
 
 
-def proxy_correlation(samples: Sequence[Sample]) -> float | None:
+def proxy_correlation(samples: Sequence[SampleMeta]) -> float | None:
     """Pearson correlation of the learned and the verifiable reward sources' sums (``hack/proxy_corr``).
 
     None unless every sample carries both kinds and both vary over the step (a correlation needs spread).
@@ -104,7 +104,7 @@ def proxy_correlation(samples: Sequence[Sample]) -> float | None:
     return float(np.corrcoef(learned, verifiable)[0, 1])
 
 
-def staleness_metrics(samples: Iterable[Sample], trainer_version: int, num_dropped: int = 0) -> dict[str, float]:
+def staleness_metrics(samples: Iterable[SampleMeta], trainer_version: int, num_dropped: int = 0) -> dict[str, float]:
     """Policy lag of the samples a trainer step consumes.
 
     The lag of a sample is ``trainer_version - sample.min_version`` (its oldest policy token
