@@ -11,7 +11,7 @@ from hetrl.env.registry import build_task_stream, env_factory
 from hetrl.env.remote import EnvServerLost
 from hetrl.env.scripted import ScriptedPolicy
 from hetrl.monitor.metrics import rollout_metrics
-from hetrl.records import SamplingParams
+from hetrl.records import SampleMeta, SamplingParams
 
 CFG = TaskSourceConfig(source="reasoning_gym", name="basic_arithmetic", size=20)
 MATH = env_factory(EnvConfig(name="math"))
@@ -144,4 +144,6 @@ def test_each_sample_records_its_wait_for_a_slot(codec):
         run_groups(MATH, build_task_stream(CFG, seed=1), codec, generate, num_groups=2, group_size=4, max_turns=1)
     )
     assert all(s.info["env_wait_s"] == 0.0 for s in free)
-    assert rollout_metrics(bounded)["episode/env_wait_s_mean"] == pytest.approx(sum(waits) / 8)
+    assert rollout_metrics([SampleMeta.of(s) for s in bounded])["episode/env_wait_s_mean"] == pytest.approx(
+        sum(waits) / 8
+    )

@@ -17,21 +17,20 @@ makes of the logged metric.
 
 import json
 import math
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
 
 from hetrl.config.loader import ConfigError, load_config
 from hetrl.config.loop import ScheduleConfig
-from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork, ScoredSample
+from hetrl.control.protocol import RolloutWork
 from hetrl.loop import faults
-from hetrl.loop import orchestrator as orchestrator_module
-from hetrl.loop.orchestrator import Orchestrator, _Ledger
+from hetrl.loop.orchestrator import Orchestrator
 from hetrl.loop.staleness import AdaptiveBound, build_adaptive_bound, fixed_bound, look_ahead
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
 from hetrl.records import Sample
+from tests.loop.orchestrator_rig import bare_orchestrator, finish
 
 ENGINE, REWARD = 1, 2
 
@@ -168,24 +167,14 @@ class _Stream:
 
 def _orchestrator(monkeypatch, schedule: ScheduleConfig, version: int) -> tuple[Orchestrator, list]:
     """An orchestrator without processes (one engine, one reward worker, 1 prompt x 2 samples a step)."""
-    sent: list = []
-    monkeypatch.setattr(orchestrator_module, "send", lambda world, message, rank, tag: sent.append(message))
-    orch = Orchestrator.__new__(Orchestrator)
-    orch.ctx, orch.monitor = SimpleNamespace(world=None), None
-    orch.cfg = SimpleNamespace(
+    cfg = SimpleNamespace(
         run=SimpleNamespace(prompts_per_step=1),
         schedule=schedule,
         algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
         reward=SimpleNamespace(reads_completion_ids=False),
     )
-    orch.sampling = lambda purpose: None
-    orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
-    orch.engines, orch.reward_ranks = [ENGINE], [REWARD]
-    orch.engine_load, orch.reward_load = {ENGINE: 0}, {REWARD: 0}
-    orch.groups, orch.results, orch.ready, orch.purpose_of = defaultdict(list), defaultdict(list), [], {}
-    orch.regenerated, orch._next_group, orch._train_groups_open = 0, 0, 0
-    orch._open_tasks, orch._resumed, orch._reward_s = {}, [], defaultdict(float)
-    orch.refused_pushes = 0
+    orch, sent = bare_orchestrator(monkeypatch, cfg, [ENGINE], [REWARD], version)
+    orch.stream = _Stream()
     orch.adaptive_bound = build_adaptive_bound(schedule)
     return orch, sent
 
@@ -203,8 +192,7 @@ def _generate_with(orch: Orchestrator, sent: list, versions: list[int]):
         queue[:] = [item for item in queue if item not in group]
         version = versions.pop(0)
         samples = [Sample(i.sample_id, i.group_id, "toy", [1], [7], [1], [0.0], [version]) for i in group]
-        orch._on_rollout(RolloutDone(samples), ENGINE)
-        orch._on_reward(RewardDone([ScoredSample(s.sample_id, {}, 0.0, [], {}) for s in samples]), REWARD)
+        finish(orch, ENGINE, REWARD, samples)
 
     return pump
 

@@ -1,4 +1,5 @@
-"""A reward rank on its role loop without MPI: the orchestrator's messages scripted, its answers recorded."""
+"""A reward rank on its role loop without MPI: the engines' work and the orchestrator's Shutdown scripted, its
+answers (to the orchestrator) recorded."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hetrl.loop import reward_role
 from hetrl.loop.faults import Fault, RankFaults
 from hetrl.records import Sample
 
-ORCHESTRATOR = 0
+ORCHESTRATOR, ENGINE = 0, 4
 
 
 def _views(*ids: str) -> list[ScoringView]:
@@ -27,12 +28,13 @@ def _views(*ids: str) -> list[ScoringView]:
 def _run(monkeypatch: pytest.MonkeyPatch, works: list[RewardWork], faults: str = "") -> list[RewardDone]:
     """Each work arrives once every answer to the previous one is in; Shutdown once all are answered."""
     sent: list[RewardDone] = []
+    destinations: set[int] = set()
     queue: list = [*works, Shutdown()]
     expected = 0
 
     def poll(comm, source=None, tag=None):
         nonlocal expected
-        assert source == ORCHESTRATOR
+        assert source is None  # work comes from any engine
         answered = sum(len(d.scored) + len(d.failed) for d in sent)
         if answered < expected:
             return None
@@ -40,13 +42,16 @@ def _run(monkeypatch: pytest.MonkeyPatch, works: list[RewardWork], faults: str =
             return None
         work = queue.pop(0)
         expected += len(getattr(work, "views", []))
-        return work, ORCHESTRATOR, int(tag)
+        return work, ENGINE if isinstance(work, RewardWork) else ORCHESTRATOR, int(tag)
 
     monkeypatch.setattr(role_loop, "poll", poll)
-    monkeypatch.setattr(reward_role, "send", lambda comm, message, rank, tag: sent.append(message))
+    monkeypatch.setattr(
+        reward_role, "send", lambda comm, message, rank, tag: (sent.append(message), destinations.add(rank))
+    )
     ctx = SimpleNamespace(world="world", orchestrator_rank=ORCHESTRATOR, role="reward", assignment=None)
     cfg = SimpleNamespace(reward=RewardConfig(functions=[{"name": "format"}], workers=2))
     reward_role.RewardRank(ctx, cfg, RankFaults(Fault.parse(faults), "reward", 0)).run()
+    assert destinations <= {ORCHESTRATOR}  # verdicts go to the orchestrator, whoever sent the work
     return sent
 
 

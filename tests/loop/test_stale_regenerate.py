@@ -13,18 +13,17 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from hetrl.control.protocol import RewardDone, RolloutDone, RolloutWork, ScoredSample
-from hetrl.loop import orchestrator as orchestrator_module
-from hetrl.loop.orchestrator import Orchestrator, _Ledger
+from hetrl.control.protocol import RolloutWork
+from hetrl.loop.orchestrator import Orchestrator
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
 from hetrl.records import Sample
+from tests.loop.orchestrator_rig import bare_orchestrator, finish
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, PROMPTS, GROUP_SIZE = 3, 2, 4
@@ -50,24 +49,14 @@ class _Stream:
 
 def _orchestrator(monkeypatch, stale_policy: str, version: int) -> tuple[Orchestrator, list]:
     """An orchestrator without processes: one engine, one reward worker, every send recorded."""
-    sent: list = []
-    monkeypatch.setattr(orchestrator_module, "send", lambda world, message, rank, tag: sent.append(message))
-    orch = Orchestrator.__new__(Orchestrator)
-    orch.ctx, orch.monitor = SimpleNamespace(world=None), None
-    orch.cfg = SimpleNamespace(
+    cfg = SimpleNamespace(
         run=SimpleNamespace(prompts_per_step=2),
         schedule=SimpleNamespace(stale_policy=stale_policy),
         algorithm=SimpleNamespace(group_size=2, resolved_dynamic_sampling=False),
         reward=SimpleNamespace(reads_completion_ids=False),
     )
-    orch.sampling = lambda purpose: None
-    orch.stream, orch.version, orch.ledger = _Stream(), version, _Ledger()
-    orch.engines, orch.reward_ranks = [ENGINE], [REWARD]
-    orch.engine_load, orch.reward_load = {ENGINE: 0}, {REWARD: 0}
-    orch.groups, orch.results, orch.ready, orch.purpose_of = defaultdict(list), defaultdict(list), [], {}
-    orch.regenerated, orch._next_group, orch._train_groups_open = 0, 0, 0
-    orch._open_tasks, orch._resumed, orch._reward_s = {}, [], defaultdict(float)
-    orch.adaptive_bound = None  # a fixed bound
+    orch, sent = bare_orchestrator(monkeypatch, cfg, [ENGINE], [REWARD], version)
+    orch.stream = _Stream()
     return orch, sent
 
 
@@ -88,8 +77,7 @@ def _generate_with(orch: Orchestrator, sent: list, versions: list[int]):
         samples = [
             Sample(i.sample_id, i.group_id, f"{i.task}/{i.seed}", [1], [7], [1], [0.0], [version]) for i in group
         ]
-        orch._on_rollout(RolloutDone(samples), ENGINE)
-        orch._on_reward(RewardDone([ScoredSample(s.sample_id, {}, 0.0, [], {}) for s in samples], score_s=1.0), REWARD)
+        finish(orch, ENGINE, REWARD, samples, score_s=1.0)
 
     return pump
 

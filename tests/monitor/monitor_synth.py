@@ -9,7 +9,9 @@ import numpy as np
 
 from hetrl.config.monitor import MonitorConfig
 from hetrl.monitor import Monitor, names
-from hetrl.records import Sample
+from hetrl.monitor.mismatch import mismatch_metrics
+from hetrl.monitor.rollout_store import ROLLOUT_DIR, RolloutStore
+from hetrl.records import Sample, SampleMeta
 
 FLAGS = ("format_violation", "repeated_answer")
 
@@ -56,16 +58,21 @@ NUM_STEPS = 6
 
 
 def write_run(run_dir: Path, num_steps: int = NUM_STEPS, **cfg_overrides) -> Path:
-    """A run of `num_steps` steps with rollouts, trainer-side metrics and role throughput."""
+    """A run of `num_steps` steps with rollouts (stored as the trainer's one replica stores them), trainer-side
+    metrics (the mismatch among them) and role throughput."""
     cfg = MonitorConfig(console=True, **cfg_overrides)
     stream = io.StringIO()
+    store = RolloutStore(run_dir / ROLLOUT_DIR) if cfg.rollout_store.enabled else None
     with Monitor(cfg, run_dir, total_steps=num_steps, roles=["rollout", "trainer"], stream=stream) as mon:
         for step in range(num_steps):
             samples, trainer_lp = make_samples(step)
             mon.progress("rollout", tokens=sum(len(s.completion_ids) for s in samples), state="generating")
             with mon.timer(step, "train"):
                 mon.progress("trainer", tokens=100, state="training")
-            mon.record_rollouts(step, samples, trainer_lp)
+            if store is not None:
+                store.append(step, samples, trainer_lp)
+            mon.record_rollouts(step, [SampleMeta.of(s) for s in samples])
+            mon.log(step, mismatch_metrics([s.logprobs for s in samples], trainer_lp, [s.loss_mask for s in samples]))
             mon.log(
                 step,
                 {
@@ -76,4 +83,6 @@ def write_run(run_dir: Path, num_steps: int = NUM_STEPS, **cfg_overrides) -> Pat
                 },
             )
             mon.end_step(step)
+    if store is not None:
+        store.close()
     return run_dir

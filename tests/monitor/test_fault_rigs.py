@@ -12,7 +12,7 @@ from hetrl.loop.faults import Fault, Onset, RankFaults
 from hetrl.loop.reward_role import _RiggedFaults as RewardFaults
 from hetrl.loop.trainer_role import _Clock
 from hetrl.loop.trainer_role import _RiggedFaults as TrainerFaults
-from hetrl.records import Sample
+from hetrl.records import Sample, SampleMeta
 
 
 def _sample(i: int, reward: float = 0.25) -> Sample:
@@ -55,11 +55,11 @@ def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
 def test_nan_loss_poisons_only_the_nth_batch(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "trainer:0:nan_loss@2")
     rigged = TrainerFaults(RankFaults.from_env("trainer", 0))
-    work = TrainWork(0, [_sample(0)])
-    assert rigged.samples(work) is work.samples
-    poisoned = rigged.samples(work)
-    assert all(math.isnan(s.reward) for s in poisoned) and work.samples[0].reward == 0.25
-    assert rigged.samples(work) is work.samples
+    work = TrainWork(0, [SampleMeta.of(_sample(0))])
+    assert rigged.metas(work) is work.metas
+    poisoned = rigged.metas(work)
+    assert all(math.isnan(m.reward) for m in poisoned) and work.metas[0].reward == 0.25
+    assert rigged.metas(work) is work.metas
 
 
 def test_clock_reports_each_timed_phase_once():

@@ -11,7 +11,7 @@ import pytest
 from hetrl.monitor.eval import eval_metrics, mean_at_k, pass_at_k
 from hetrl.monitor.metrics import mfu, rollout_metrics, staleness_metrics
 from hetrl.monitor.mismatch import mismatch_metrics
-from hetrl.records import REWARD_METRICS_KEY, Sample
+from hetrl.records import REWARD_METRICS_KEY, Sample, SampleMeta
 
 
 def _s(i, reward, n_tokens, task="a", rewards=None, finish="stop", flags=(), versions=None, group="g"):
@@ -33,13 +33,17 @@ def _s(i, reward, n_tokens, task="a", rewards=None, finish="stop", flags=(), ver
     )
 
 
+def _metas(samples: list[Sample]) -> list[SampleMeta]:
+    return [SampleMeta.of(s) for s in samples]
+
+
 def test_rollout_metrics_by_hand():
     samples = [
         _s(0, 1.0, 4, "a", {"acc": 1.0}, flags=["x"]),
         _s(1, 0.0, 8, "b", {"acc": 0.0, "fmt": 0.5}, finish="length"),
         _s(2, 0.5, 6, "a", {"acc": 1.0, "fmt": 1.0}, flags=["x", "y"]),
     ]
-    m = rollout_metrics(samples)
+    m = rollout_metrics(_metas(samples))
     assert m["reward/mean"] == pytest.approx(0.5) and m["reward/std"] == pytest.approx(np.std([1, 0, 0.5]))
     assert (m["reward/min"], m["reward/max"]) == (0.0, 1.0)
     assert m["reward/acc/mean"] == pytest.approx(2 / 3) and m["reward/fmt/mean"] == pytest.approx(
@@ -69,19 +73,19 @@ def test_served_model_metrics_by_hand():
             "reward/hacked": 0.0,
             **({"judge/score_mass": mass} if mass else {}),
         }
-    m = rollout_metrics(samples)
+    m = rollout_metrics(_metas(samples))
     assert m["judge/failed_frac"] == pytest.approx(1 / 3) and m["judge/score_mass"] == pytest.approx(
         0.6
     )  # over samples that have it
     assert "reward/hacked" not in m  # the rubric's own bookkeeping is no documented metric
     assert m["hack/proxy_corr"] == pytest.approx(np.corrcoef([1, 2, 3], [1, 0, 0])[0, 1]) and m["hack/proxy_corr"] < 0
     del samples[0].rewards["math"]  # a sample without a verifiable source: no correlation that step
-    assert "hack/proxy_corr" not in rollout_metrics(samples)
+    assert "hack/proxy_corr" not in rollout_metrics(_metas(samples))
 
 
 def test_staleness():
     samples = [_s(0, 0, 2, versions=[3, 4]), _s(1, 0, 2, versions=[5, 5])]
-    m = staleness_metrics(samples, trainer_version=6, num_dropped=2)
+    m = staleness_metrics(_metas(samples), trainer_version=6, num_dropped=2)
     assert m == {"staleness/dropped": 2.0, "staleness/mean": 2.0, "staleness/max": 3.0}
 
 
@@ -132,14 +136,14 @@ def test_eval_metrics_groups_by_prompt_and_task():
         + [_s(i, r, 1, task="t", group="p1") for i, r in enumerate([1, 1, 0, 1])]
         + [_s(i, r, 1, task="u", group="q0") for i, r in enumerate([0, 0, 0, 0])]
     )
-    m = eval_metrics(samples, ks=[1, 2])
+    m = eval_metrics(_metas(samples), ks=[1, 2])
     assert m["eval/t/pass@1"] == pytest.approx((0.25 + 0.75) / 2)
     assert m["eval/t/pass@2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 3, 2)) / 2)
     assert m["eval/t/mean@1"] == pytest.approx((1 + 1) / 2) and m["eval/t/mean@2"] == pytest.approx((0.5 + 1.0) / 2)
     assert m["eval/u/pass@2"] == 0.0
     assert mean_at_k([[1, 0], [0.5]]) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="needs >= 8 samples"):
-        eval_metrics(samples, ks=[8])
+        eval_metrics(_metas(samples), ks=[8])
 
 
 def test_free_form_task_and_flag_names_become_valid_segments():
@@ -148,8 +152,8 @@ def test_free_form_task_and_flag_names_become_valid_segments():
     samples = [
         _s(0, 1.0, 2, task="reasoning_gym/basic_arithmetic", rewards={"judge:v1": 1.0}, flags=["hack/exit_early"])
     ]
-    m = rollout_metrics(samples)
+    m = rollout_metrics(_metas(samples))
     assert m["reward/task/reasoning_gym.basic_arithmetic/mean"] == 1.0
     assert m["flags/hack.exit_early_frac"] == 1.0 and m["reward/judge.v1/mean"] == 1.0
     assert all(names.check_name(k) == k for k in m)
-    assert "eval/reasoning_gym.basic_arithmetic/pass@1" in eval_metrics(samples, ks=[1])
+    assert "eval/reasoning_gym.basic_arithmetic/pass@1" in eval_metrics(_metas(samples), ks=[1])

@@ -31,6 +31,14 @@ def make_samples(
     return out
 
 
+def make_step(n: int, vocab: int = 128, seed: int = 0) -> list[Sample]:
+    """:func:`make_samples` rewarded: -0.5, 0.5, 1.5 in turn (every group of 2 has a spread)."""
+    samples = make_samples(n, vocab=vocab, seed=seed)
+    for i, s in enumerate(samples):
+        s.reward = float(i % 3) - 0.5
+    return samples
+
+
 def whole_step(samples: list[Sample]) -> tuple[list[SampleMeta], dict[int, Sample]]:
     """``train_on_batch``'s ``(metas, shard)`` for a rank that holds every sample of the step."""
     return [SampleMeta.of(s) for s in samples], dict(enumerate(samples))

@@ -502,13 +502,16 @@ def _rl_step(rank: int, world_size: int, hf_dir: Path, layout: dict) -> dict:
 
 
 def test_rl_step_returns_logprobs_per_completion_token_and_a_critic_trains(two_ranks, hf_dir) -> None:
-    """What the trainer role sends back for the mismatch metrics: log-probs [N, Tc] in each sample's completion
+    """What the trainer measures the mismatch with and stores: each replica's samples' log-probs in their completion
     alignment (image placeholders one column each), those of the HF model the engines serve."""
     samples = vlm_samples()
     reference = _hf_logprobs(_hf_model(hf_dir), samples)
     for layout in ({}, {"tensor_parallel": 2}):
-        for rank in two_ranks.run(_rl_step, hf_dir, layout):
-            assert rank["logprobs"].shape == reference.shape
-            torch.testing.assert_close(rank["logprobs"], reference, rtol=0, atol=1e-5)
+        ranks = two_ranks.run(_rl_step, hf_dir, layout)
+        assert set().union(*(rank["logprobs"] for rank in ranks)) == set(range(len(samples)))
+        for rank in ranks:
+            for i, row in rank["logprobs"].items():
+                assert row.shape == (len(samples[i].completion_ids),)
+                torch.testing.assert_close(row, reference[i, : row.shape[0]], rtol=0, atol=1e-5)
             assert rank["metrics"]["loss/value"] > 0
             assert not torch.equal(rank["values_after"], rank["values_before"])
