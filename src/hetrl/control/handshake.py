@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hetrl.control import rundir
 from hetrl.control.comm import RoleContext, Tag, recv, send
+from hetrl.control.protocol import HandshakeDone, Heartbeat, Hello, Start
 
 
 def plan_digest(ctx: RoleContext) -> str:
@@ -35,17 +36,11 @@ def run_handshake(
 
 
 def _participate(ctx: RoleContext, beats: int, interval_s: float, timeout_s: float) -> None:
-    hello = {
-        **asdict(ctx.assignment),
-        "digest": plan_digest(ctx),
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "role_size": ctx.role_comm.Get_size(),
-    }
+    hello = Hello(ctx.assignment, plan_digest(ctx), os.getpid(), socket.gethostname(), ctx.role_comm.Get_size())
     send(ctx.world, hello, ctx.orchestrator_rank, Tag.HELLO)
     recv(ctx.world, ctx.orchestrator_rank, Tag.START, timeout_s)
     for beat in range(beats):
-        send(ctx.world, {"rank": ctx.rank, "beat": beat, "time": time.time()}, ctx.orchestrator_rank, Tag.HEARTBEAT)
+        send(ctx.world, Heartbeat(ctx.rank, beat, time.time()), ctx.orchestrator_rank, Tag.HEARTBEAT)
         time.sleep(interval_s)
     recv(ctx.world, ctx.orchestrator_rank, Tag.SHUTDOWN, timeout_s)
 
@@ -53,7 +48,7 @@ def _participate(ctx: RoleContext, beats: int, interval_s: float, timeout_s: flo
 def _orchestrate(ctx: RoleContext, run_dir: Path, beats: int, timeout_s: float) -> dict:
     others = [a.world_rank for a in ctx.plan.assignments if a.world_rank != ctx.rank]
     digest = plan_digest(ctx)
-    hellos: dict[int, dict] = {}
+    hellos: dict[int, Hello] = {}
     deadline = time.monotonic() + timeout_s
     while len(hellos) < len(others):
         remaining = deadline - time.monotonic()
@@ -62,25 +57,32 @@ def _orchestrate(ctx: RoleContext, run_dir: Path, beats: int, timeout_s: float) 
         except TimeoutError:
             missing = sorted(set(others) - set(hellos))
             raise TimeoutError(f"handshake: no HELLO within {timeout_s:.0f} s from ranks {missing}") from None
-        if obj["digest"] != digest:
+        if obj.digest != digest:
             raise RuntimeError(
-                f"handshake: rank {source} ({obj['role']}) loaded a different plan (digest {obj['digest']} != {digest})"
+                f"handshake: rank {source} ({obj.assignment.role}) loaded a different plan "
+                f"(digest {obj.digest} != {digest})"
             )
         hellos[source] = obj
     for rank in others:
-        send(ctx.world, {"go": True}, rank, Tag.START)
+        send(ctx.world, Start(), rank, Tag.START)
     heartbeats = {rank: 0 for rank in others}
     for _ in range(beats * len(others)):
         obj, source, _ = recv(ctx.world, tag=Tag.HEARTBEAT, timeout_s=timeout_s)
         heartbeats[source] += 1
     for rank in others:
-        send(ctx.world, {"bye": True}, rank, Tag.SHUTDOWN)
+        send(ctx.world, HandshakeDone(), rank, Tag.SHUTDOWN)
     record = {
         "digest": digest,
         "world_size": ctx.plan.world_size,
-        "ranks": [hellos[r] for r in sorted(hellos)],
+        "ranks": [_record(hellos[r]) for r in sorted(hellos)],
         "heartbeats": heartbeats,
         "orchestrator": {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()},
     }
     (run_dir / rundir.HANDSHAKE).write_text(json.dumps(record, indent=1))
     return record
+
+
+def _record(hello: Hello) -> dict:
+    """A rank's line of ``handshake.json``: its assignment's fields beside the rest of its hello."""
+    fields = asdict(hello)
+    return {**fields.pop("assignment"), **fields}

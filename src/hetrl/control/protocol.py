@@ -13,7 +13,7 @@ and, when the orchestrator puts the sample in a step, the sample to the trainer 
 (:class:`TrainerLayout`).
 
 Sections: the orchestrator's work and its results (rollout, reward, trainer), weight pushes,
-checkpoints, the services (env, reward server), and pre-emption.
+checkpoints, the services (env, reward server), pre-emption, and the start-up handshake.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetrl.control.plan import RankAssignment
 from hetrl.records import CONVERSATION_KEY, REWARD_METRICS_KEY, EpisodeItem, Sample, SampleMeta, SamplingParams
 
 
@@ -320,3 +321,36 @@ class PreemptNotice:
 @dataclass
 class Bye:
     """A rank's role returned; it is about to exit."""
+
+
+# ---------------------------------------------------------------- start-up handshake (hetrl.control.handshake)
+
+
+@dataclass
+class Hello:
+    """A rank -> orchestrator (``Tag.HELLO``): its place in the plan, and the digest of the plan it loaded."""
+
+    assignment: RankAssignment
+    digest: str
+    pid: int
+    host: str
+    role_size: int
+
+
+@dataclass
+class Start:
+    """Orchestrator -> every rank (``Tag.START``): every rank loaded the same plan; send the heartbeats."""
+
+
+@dataclass
+class Heartbeat:
+    """A rank -> orchestrator (``Tag.HEARTBEAT``): its ``beat``-th heartbeat, sent at ``time`` (epoch seconds)."""
+
+    rank: int
+    beat: int
+    time: float
+
+
+@dataclass
+class HandshakeDone:
+    """Orchestrator -> every rank (``Tag.SHUTDOWN``): every heartbeat came; the handshake is over."""
