@@ -13,18 +13,27 @@ def _bench():
 
 
 def test_a_simulated_step_counts_every_message_of_the_full_step():
-    """One group a step simulated, scaled to moe_grpo's 256 (2,048 samples); the messages to every engine are
-    sent to the plan's 256 engines; the trainer's leader shares each TrainWork with the 1,023 other trainer ranks."""
+    """Two groups a step simulated on one replica (128 nodes: DP 128 x 2 / 256 groups), scaled to moe_grpo's 256
+    groups (2,048 samples); the messages to every engine are sent to the plan's 256 engines; the leader shares each
+    TrainWork with the 1,023 other trainer ranks, each of the 128 receivers its shard with its replica's 7 others."""
     bench = _bench()
-    run = bench.simulate(128, groups=1, steps=1, images=False, fill_steps=3)
+    run = bench.simulate(128, groups=2, steps=1, images=False, fill_steps=3)
     step = bench.mean_step(run)
     messages = {kind: count for (_, _, kind), (count, _) in step["traffic"].items()}
+    sizes = {kind: num_bytes for (_, _, kind), (_, num_bytes) in step["traffic"].items()}
     assert run["samples"] == 2048
     assert messages["RolloutDone"] == messages["RewardWork"] == messages["RewardDone"] == 2048
-    assert messages["RolloutWork"] == 256  # one group per engine
+    assert messages["RolloutWork"] == messages["ShipSamples"] == 256  # one group per engine, shipped at once
     assert messages["SyncWeights"] == messages["ServingWeights"] == messages["ReleaseMemory"] == 256
     assert messages["TrainWork"] == messages["TrainDone"] == 1
-    assert messages[bench.SHARE] == 1023
-    # every trainer rank receives the leader's whole TrainWork: the share is that message, re-pickled
-    train_work = step["traffic"]["orchestrator", "trainer", "TrainWork"][1]
-    assert abs(step["share_bytes"] - train_work) < 0.01 * train_work
+    assert messages[bench.SHARE_WORK] == 1023
+    assert messages[bench.SHARE_SHARD] == 128 * 7
+    assert "DropSamples" not in messages
+    batch = step["batch_bytes"]
+    # every sample travels to the trainer once, from its engine; the reward ranks get no routing arrays
+    assert abs(sizes["TrainShard"] - batch) < 0.001 * batch
+    assert sizes["RewardWork"] < 0.02 * batch
+    # the orchestrator moves metadata alone
+    assert sum(bench.orchestrator_bytes(step["traffic"])) < bench.GOAL_RATIO * batch
+    # a trainer rank receives its replica's samples once and the step's metadata, never the whole batch
+    assert abs(step["trainer_ratio"] - (1 + step["header"] / step["shard"])) < 0.01
