@@ -1,10 +1,19 @@
 """The trainer role: trainer rank 0 (the leader) takes each message from the orchestrator and shares
-it with the other trainer ranks; every rank trains its DP shard; the leader streams the new weights
-to the engines.
+it with the other trainer ranks; each data-parallel replica receives its own shard of a step's samples
+and trains on it; the leader streams the new weights to the engines.
 
 Ownership: the policy's weights (and PPO's value model) live here. The orchestrator sends each
 message once, to the leader, whatever the number of trainer ranks; the leader broadcasts it to the
 trainer ranks over their MPI communicator (``hetrl.control.comm.share``: a tree, polled from Python).
+A step's message (:class:`TrainWork`) carries metadata only; payloads never cross the orchestrator
+(the data plane, ``hetrl.control.protocol``). At start the trainer ranks find their replicas (megatron
+dealt them; :func:`find_replica`) and the leader tells the orchestrator where each replica receives
+(:class:`TrainerLayout`: its lowest trainer rank). For each step that receiver takes the replica's samples,
+and only those, from the :class:`TrainShard` messages of their holders (``Tag.SHARD``: the engines that
+generated them; the orchestrator for warm-start demonstrations), shares them with the replica's other
+ranks, and after training appends the replica's RL samples, with the trainer's log-probs, to its own part
+of the rollout store (``RUN/rollouts``, one writer per file). The engine-vs-trainer mismatch is measured
+here too, where both log-probs are (``hetrl.trainer.rl_step``).
 The trainer turns the step's rewards into advantages itself (``hetrl.trainer.rl_step``), because
 the reference log-probs of a KL in the reward and PPO's values exist only here. After each optimizer
 step, the leader reports the new version to the orchestrator and then pushes the weights in HF
@@ -12,8 +21,8 @@ layout, bucket by bucket, from the streaming exporter (every trainer rank takes 
 exporter's gathers); the engines join the push when the orchestrator tells them to. Warm-start
 (``supervised``) steps use plain token-mean likelihood: no ratio, no clipping, no IS correction.
 
-Waits: the leader's receive and every rank's broadcast poll MPI (none blocks inside MPI); the
-liveness watchdog bounds them, as every other wait of an idle rank.
+Waits: the leader's receive, a receiver's wait for its shard and every rank's broadcast poll MPI (none
+blocks inside MPI); the liveness watchdog bounds them, as every other wait of an idle rank.
 
 Each :class:`TrainDone` also carries this rank's share of the step's time breakdown, measured
 here because only here is it visible: ``time/wait`` (idle, waiting for work, since the previous
@@ -33,15 +42,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hetrl.config.schema import HetrlConfig
 from hetrl.control import liveness, timeline
-from hetrl.control.comm import RoleContext, Tag, flush_sends, recv, send, share
+from hetrl.control.comm import RoleContext, Tag, flush_sends, naps, poll, recv, send, share
 from hetrl.control.protocol import (
     Checkpoint,
     CheckpointDone,
@@ -51,6 +60,8 @@ from hetrl.control.protocol import (
     Restored,
     Shutdown,
     TrainDone,
+    TrainerLayout,
+    TrainShard,
     TrainWork,
 )
 from hetrl.control.rendezvous import free_port
@@ -60,13 +71,14 @@ from hetrl.loop import faults
 from hetrl.loop.faults import RankFaults
 from hetrl.monitor import names
 from hetrl.monitor.mfu import MfuMeter
-from hetrl.records import SampleMeta
+from hetrl.monitor.rollout_store import ROLLOUT_DIR, RolloutStore
+from hetrl.records import Sample, SampleMeta
 from hetrl.trainer.checkpoint import load_checkpoint, save_checkpoint, start_checkpoint_writer
 from hetrl.trainer.critic import ValueTrainer
 from hetrl.trainer.exporter import iter_hf_weight_buckets
 from hetrl.trainer.hf_convert import load_hf_checkpoint
 from hetrl.trainer.policy import PolicyTrainer
-from hetrl.trainer.rl_step import replica_shard, train_on_batch
+from hetrl.trainer.rl_step import replica_shard, tokens_per_image, train_on_batch
 from hetrl.transport.weights import WeightStreamBroken
 
 logger = logging.getLogger(__name__)
@@ -104,6 +116,74 @@ def _next_message(ctx: RoleContext) -> Any:
     """The orchestrator's next message on every trainer rank: the leader receives it, then shares it."""
     message = recv(ctx.world, ctx.orchestrator_rank, Tag.WORK)[0] if ctx.role_comm.Get_rank() == 0 else None
     return share(ctx.role_comm, message) if ctx.role_comm.Get_size() > 1 else message
+
+
+@dataclass
+class Replica:
+    """This trainer rank's data-parallel replica: its ranks, and where every replica receives its shards."""
+
+    dp_rank: int
+    receivers: list[int]  # world rank of each replica's receiver (its lowest trainer rank), by data-parallel rank
+    comm: Any  # this replica's trainer ranks (MPI), in trainer rank order: the receiver is rank 0
+
+    @property
+    def is_receiver(self) -> bool:
+        return self.comm.Get_rank() == 0
+
+
+def find_replica(ctx: RoleContext, dp_rank: int) -> Replica:
+    """Every trainer rank's replica as megatron dealt them (each rank says its own data-parallel rank: megatron's
+    rank order is not computed twice). Collective over the trainer ranks."""
+    ranks = ctx.role_comm.allgather((dp_rank, ctx.rank))
+    dp_size = max(dp for dp, _ in ranks) + 1
+    receivers = [min(world for dp, world in ranks if dp == k) for k in range(dp_size)]
+    comm = ctx.role_comm.Split(color=dp_rank, key=ctx.role_comm.Get_rank())
+    assert (comm.Get_rank() == 0) == (receivers[dp_rank] == ctx.rank), (ranks, comm.Get_rank())
+    return Replica(dp_rank, receivers, comm)
+
+
+def receive_shard(
+    world: Any, step: int, metas: Sequence[SampleMeta], wanted: Sequence[int], holders: str
+) -> dict[int, Sample]:
+    """The samples ``wanted`` (their indices in the step) of ``step``, by index, from the :class:`TrainShard`
+    messages their holders send (``Tag.SHARD``, any sender, any number of messages each).
+
+    A shard of another step, or a sample not wanted or received twice, is an error naming its sender: the
+    orchestrator ships each sample of a step once, to the replica that trains on it, and the next step's only
+    after this one's answer. The wait polls under the liveness watchdog (idle: it waits on ``holders``; each part
+    that arrives is progress).
+    """
+    index = {metas[i].sample_id: i for i in wanted}
+    shard: dict[int, Sample] = {}
+    pauses = naps()
+    while len(shard) < len(index):
+        liveness.idle(f"waiting for the shard of step {step}: {len(index) - len(shard)} samples from {holders}")
+        got = poll(world, tag=Tag.SHARD)
+        if got is None:
+            time.sleep(next(pauses))
+            continue
+        message, source, _ = got
+        if not isinstance(message, TrainShard) or message.step != step:
+            what = f"step {message.step}'s shard" if isinstance(message, TrainShard) else type(message).__name__
+            raise RuntimeError(f"world rank {source} sent {what} while this replica waits for step {step}'s")
+        for sample in message.samples:
+            i = index.get(sample.sample_id)
+            if i is None or i in shard:
+                why = "a second time" if i is not None else "which this replica does not train on"
+                raise RuntimeError(f"world rank {source} sent sample {sample.sample_id} of step {step} {why}")
+            shard[i] = sample
+    return shard
+
+
+def _open_store(cfg: HetrlConfig, run_dir: Path, replica: Replica) -> RolloutStore | None:
+    """The replica receiver's part of the rollout store (one writer per file: one name per replica)."""
+    store_cfg = cfg.monitor.rollout_store
+    if not (store_cfg.enabled and replica.is_receiver):
+        return None
+    name = "rollouts" if len(replica.receivers) == 1 else f"rollouts-dp{replica.dp_rank}"
+    return RolloutStore(
+        run_dir / ROLLOUT_DIR, name=name, flush_every=store_cfg.flush_every, compression=store_cfg.compression
+    )
 
 
 def run_trainer(
@@ -174,6 +254,10 @@ class TrainerRank:
         self.rigged = _RiggedFaults(rank_faults)
         self.mfu = MfuMeter.for_this_process(cfg.model, ctx.role_comm.Get_size(), cfg.trainer.precision)
         self.loop = RoleLoop(ctx, self.handlers())
+        self.replica = find_replica(ctx, trainer.groups.dp_rank)
+        self.store = _open_store(cfg, run_dir, self.replica)
+        layout = TrainerLayout(self.replica.receivers, tokens_per_image(trainer), cfg.trainer.shared_prompts)
+        _reply(ctx, sender, layout)  # before any step: the orchestrator deals the shards by it
 
     def handlers(self) -> dict[type, Handler]:
         """What every trainer rank does with each of the orchestrator's messages."""
@@ -187,13 +271,18 @@ class TrainerRank:
 
     def serve(self) -> None:
         """The orchestrator's messages, one at a time, until Shutdown. The wait is the leader's receive and the
-        trainer ranks' share (:func:`_next_message`), not the loop's poll: every rank handles every message."""
-        while not self.loop.stop:
-            liveness.idle("waiting for work from the orchestrator")
-            with self.clock.timing("wait"):
-                message = _next_message(self.ctx)
-            liveness.busy(_activity(message, self.version))
-            self.loop.handle(message, self.ctx.orchestrator_rank)
+        trainer ranks' share (:func:`_next_message`), not the loop's poll: every rank handles every message. The
+        rollout store's part is closed (flushed) on the way out, whatever ends the loop."""
+        try:
+            while not self.loop.stop:
+                liveness.idle("waiting for work from the orchestrator")
+                with self.clock.timing("wait"):
+                    message = _next_message(self.ctx)
+                liveness.busy(_activity(message, self.version))
+                self.loop.handle(message, self.ctx.orchestrator_rank)
+        finally:
+            if self.store is not None:
+                self.store.close()
 
     def _on_shutdown(self, message: Shutdown, source: int) -> None:
         self.loop.stop = True
@@ -220,7 +309,8 @@ class TrainerRank:
             _push_weights(self.ctx, self.trainer, self.cfg, self.sender, self.version, message.attempt)
 
     def _on_train(self, message: TrainWork, source: int) -> None:
-        """One step on this rank's shard, its answer (new version, metrics, log-probs), then the weight push."""
+        """One step on this replica's shard, its answer (new version, metrics), the weight push, then the replica's
+        RL samples to its rollout store part."""
         cfg, trainer = self.cfg, self.trainer
         wanted = "supervised" if message.supervised else "rl"
         if wanted != self.stage:  # a new stage: fresh Adam moments and the stage's own LR schedule
@@ -228,9 +318,8 @@ class TrainerRank:
             self.stage = wanted
         trainer.algo_cfg = self.sft_algorithm if message.supervised else self.rl_algorithm
         num_minibatches = 1 if message.supervised else cfg.trainer.updates_per_batch
-        samples = self.rigged.samples(message)
-        metas = [SampleMeta.of(s) for s in samples]
-        shard = {i: samples[i] for i in replica_shard(trainer, metas, num_minibatches)}
+        metas = self.rigged.metas(message)
+        shard = self._receive_shard(message, metas, num_minibatches)
         metrics, logprobs = train_on_batch(
             trainer,
             self.critic,
@@ -245,11 +334,32 @@ class TrainerRank:
         metrics.update(self.mfu.measure([m.prompt_len + m.completion_len for m in metas], train_s))
         metrics.update(self.clock.take())
         self.version += 1
-        trainer_logprobs = [logprobs[i, : m.completion_len].numpy().astype("float32") for i, m in enumerate(metas)]
-        _reply(self.ctx, self.sender, TrainDone(message.step, self.version, metrics, trainer_logprobs))
+        _reply(self.ctx, self.sender, TrainDone(message.step, self.version, metrics))
         with self.clock.timing("weight_sync"):
             _push_weights(self.ctx, trainer, cfg, self.sender, self.version)
         self.rigged.after_push(trainer)
+        if self.store is not None and not message.supervised:  # warm-start demonstrations are not rollouts
+            rows = sorted(logprobs)
+            # The verdicts as the orchestrator has them (its metadata), not the rigged ones.
+            samples = [message.metas[i].scored(shard[i]) for i in rows]
+            self.store.append(message.step, samples, [logprobs[i].numpy() for i in rows])
+
+    def _receive_shard(self, message: TrainWork, metas: list[SampleMeta], num_minibatches: int) -> dict[int, Sample]:
+        """This replica's samples of the step (:func:`replica_shard`), by index, on every rank of the replica: its
+        receiver takes them from their holders (:func:`receive_shard`) and shares them over the replica."""
+        replica, step = self.replica, message.step
+        shard = None
+        if replica.is_receiver:
+            wanted = replica_shard(self.trainer, metas, num_minibatches)
+            holders = "the orchestrator" if message.supervised else "the engines"
+            shard = receive_shard(self.ctx.world, step, metas, wanted, holders)
+        if replica.comm.Get_size() > 1:
+            receiver = replica.receivers[replica.dp_rank]
+            if not replica.is_receiver:
+                liveness.idle(f"waiting for step {step}'s shard from the replica's receiver (world rank {receiver})")
+            shard = share(replica.comm, shard)
+        liveness.busy(_activity(message, self.version))
+        return shard
 
 
 def _activity(message: Any, version: int) -> str:
@@ -291,12 +401,12 @@ class _RiggedFaults:
         self.desync = rank_faults.countdown("desync_weights")
         self.drift = rank_faults.span("drift_weights", faults.DRIFT_PUSHES)
 
-    def samples(self, work: TrainWork) -> list[Any]:
-        """The step's samples, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
+    def metas(self, work: TrainWork) -> list[SampleMeta]:
+        """The step's metadata, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
         if not self.nan.fire():
-            return work.samples
+            return work.metas
         logger.warning("injected fault: NaN rewards in the batch of step %d", work.step)
-        return [replace(s, reward=math.nan) for s in work.samples]
+        return [replace(m, reward=math.nan) for m in work.metas]
 
     def after_push(self, trainer: Any) -> None:
         desync, drift = self.desync.fire(), self.drift.fire()  # both count every push

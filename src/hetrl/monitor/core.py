@@ -8,8 +8,9 @@ raises :class:`~hetrl.monitor.guards.GuardStop` if a ``stop`` guard fired -- aft
 durable on disk, so the evidence survives. Steps may overlap (async schedules log step k+1's
 rollouts before step k is trained), so metrics are buffered per step until its ``end_step``.
 
-Run-directory layout written here: ``metrics.jsonl``, ``alerts.jsonl``, ``tensorboard/``,
-``rollouts/*.h5``.
+Run-directory layout written here: ``metrics.jsonl``, ``alerts.jsonl``, ``tensorboard/``. The rollouts
+(``rollouts/*.h5``, ``monitor.rollout_store``) are stored by the trainer replicas that train on them
+(``hetrl.loop.trainer_role``): the payloads never reach this process.
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ from hetrl.monitor import names
 from hetrl.monitor.console import Console, RoleStatus, make_console
 from hetrl.monitor.guards import Alert, Guards, GuardStop
 from hetrl.monitor.metrics import rollout_metrics
-from hetrl.monitor.mismatch import mismatch_metrics
-from hetrl.monitor.rollout_store import ROLLOUT_DIR, RolloutStore
 from hetrl.monitor.sinks import METRICS_FILE, TENSORBOARD_DIR, JsonlSink, Sink, TensorBoardSink, build_wandb_sink
-from hetrl.records import Sample
+from hetrl.records import SampleMeta
 
 ALERTS_FILE = "alerts.jsonl"
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class _RoleTracker:
 
 
 class Monitor:
-    """Metrics, console, guards and rollout store of one run (see module docstring)."""
+    """Metrics, console and guards of one run (see module docstring)."""
 
     def __init__(
         self,
@@ -95,15 +94,6 @@ class Monitor:
         wandb_sink = build_wandb_sink(cfg.wandb, self.run_dir, run_config)
         if wandb_sink is not None:
             self.sinks.append(wandb_sink)
-        self.store = (
-            RolloutStore(
-                self.run_dir / ROLLOUT_DIR,
-                flush_every=cfg.rollout_store.flush_every,
-                compression=cfg.rollout_store.compression,
-            )
-            if cfg.rollout_store.enabled
-            else None
-        )
         self.guards = Guards(cfg.guards)
         self.console: Console | None = make_console(
             cfg.console, total_steps, cfg.console_metrics, stream, force_terminal
@@ -120,21 +110,13 @@ class Monitor:
         for name, value in metrics.items():
             bucket[names.check_name(name)] = float(value)
 
-    def record_rollouts(
-        self, step: int, samples: list[Sample], trainer_logprobs: Sequence[Sequence[float]] | None = None
-    ) -> dict[str, float]:
-        """Log a step's rollout metrics (+ mismatch when trainer log-probs are given) and store the rollouts.
+    def record_rollouts(self, step: int, samples: Sequence[SampleMeta]) -> dict[str, float]:
+        """Log the rollout metrics of the samples a step trained on (their metadata); returns what it logged.
 
-        Call it once per sample batch, when it is consumed by the trainer, so each rollout is
-        stored exactly once and with the trainer's log-probs. Returns the metrics it logged.
+        The engine-vs-trainer mismatch comes with the trainer's metrics (only the trainer holds both log-probs).
         """
         metrics = dict(rollout_metrics(samples))
-        if trainer_logprobs is not None:
-            engine_logprobs, masks = [s.logprobs for s in samples], [s.loss_mask for s in samples]
-            metrics.update(mismatch_metrics(engine_logprobs, trainer_logprobs, masks))
         self.log(step, metrics)
-        if self.store is not None:
-            self.store.append(step, samples, trainer_logprobs)
         return metrics
 
     @contextmanager
@@ -187,17 +169,13 @@ class Monitor:
                 log.warning("%s", alert)
         stops = [a for a in alerts if a.action == "stop"]
         if stops:
-            if self.store is not None:
-                self.store.flush()
             raise GuardStop(stops)
 
     def close(self) -> None:
-        """Flush and close every sink, the store and the console (idempotent)."""
+        """Flush and close every sink and the console (idempotent)."""
         for sink in self.sinks:
             sink.close()
         self.sinks = []
-        if self.store is not None:
-            self.store.close()
         if self.console is not None:
             self.console.close()
             self.console = None

@@ -18,6 +18,7 @@ Only policy tokens (``loss_mask == 1``) count: environment observation tokens we
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,16 +34,34 @@ def token_log_ratio(engine_logprobs: Sequence[float], trainer_logprobs: Sequence
     return trainer - engine
 
 
-def mismatch_metrics(
+@dataclass(frozen=True)
+class MismatchTotals:
+    """What the ``mismatch/*`` metrics are made of over some policy tokens: the trainer adds up its data-parallel
+    replicas' totals (sums and counts add, maxima max) and so reports the metrics of the whole step."""
+
+    num_tokens: int
+    ratio_sum: float  # sum of r
+    k3_sum: float  # sum of r - 1 - log_r
+    max_abs_log_ratio: float
+
+    def metrics(self) -> dict[str, float]:
+        """The three metrics; empty without a policy token, so a caller never logs a meaningless 0."""
+        if not self.num_tokens:
+            return {}
+        return {
+            names.MISMATCH_PROB_RATIO_MEAN: self.ratio_sum / self.num_tokens,
+            names.MISMATCH_K3_KL: self.k3_sum / self.num_tokens,
+            names.MISMATCH_MAX_ABS_LOGPROB_DIFF: self.max_abs_log_ratio,
+        }
+
+
+def mismatch_totals(
     engine_logprobs: Sequence[Sequence[float]],
     trainer_logprobs: Sequence[Sequence[float]],
     loss_masks: Sequence[Sequence[int]] | None = None,
-) -> dict[str, float]:
-    """The three ``mismatch/*`` metrics over a batch of samples (lists of per-token log-probs).
-
-    ``loss_masks`` selects policy tokens (all tokens when None). Returns an empty dict when the
-    batch has no policy token, so a caller never logs a meaningless 0.
-    """
+) -> MismatchTotals:
+    """:class:`MismatchTotals` over a batch of samples (lists of per-token log-probs); ``loss_masks`` selects
+    policy tokens (all tokens when None)."""
     if len(engine_logprobs) != len(trainer_logprobs):
         raise ValueError(f"got {len(engine_logprobs)} engine and {len(trainer_logprobs)} trainer log-prob lists")
     if loss_masks is not None and len(loss_masks) != len(engine_logprobs):
@@ -58,10 +77,18 @@ def mismatch_metrics(
         chunks.append(log_r)
     log_r = np.concatenate(chunks) if chunks else np.zeros(0)
     if log_r.size == 0:
-        return {}
+        return MismatchTotals(0, 0.0, 0.0, 0.0)
     ratio = np.exp(log_r)
-    return {
-        names.MISMATCH_PROB_RATIO_MEAN: float(ratio.mean()),
-        names.MISMATCH_K3_KL: float((ratio - 1.0 - log_r).mean()),
-        names.MISMATCH_MAX_ABS_LOGPROB_DIFF: float(np.abs(log_r).max()),
-    }
+    return MismatchTotals(
+        int(log_r.size), float(ratio.sum()), float((ratio - 1.0 - log_r).sum()), float(np.abs(log_r).max())
+    )
+
+
+def mismatch_metrics(
+    engine_logprobs: Sequence[Sequence[float]],
+    trainer_logprobs: Sequence[Sequence[float]],
+    loss_masks: Sequence[Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """The three ``mismatch/*`` metrics over a batch of samples (see :func:`mismatch_totals`); empty without a
+    policy token."""
+    return mismatch_totals(engine_logprobs, trainer_logprobs, loss_masks).metrics()

@@ -195,8 +195,9 @@ class PolicyTrainer:
         of its own for them (no dropout, so they equal a separate pass's). ``ref_logprobs`` default
         to the reference model's when there is one. Metrics: the loss parts and clip fractions of
         ``compute_loss`` summed over the whole step, ``grad_norm`` (before clipping), ``lr``,
-        tokens/s and step time. ``with_logprobs`` also returns the update forward's log-probs
-        ``[N, Tc]`` (the weights before the update), on every rank.
+        tokens/s and step time. ``with_logprobs`` also returns the update forward's log-probs (the
+        weights before the update) of this replica's samples, ``[n, Tc]`` in batch order (row ``r`` is the
+        sample at ``batch.global_indices[r]``): no data-parallel collective gathers the others'.
         """
         start = time.perf_counter()
         if ref_logprobs is None and self.reference is not None:
@@ -256,10 +257,9 @@ class PolicyTrainer:
         if not with_logprobs:
             return metrics
         last = self.groups.is_last_stage
-        local = broadcast_from_last_stage(
+        return metrics, broadcast_from_last_stage(
             batch.scatter(update_logprobs) if last else None, (batch.num_samples, batch.max_completion_len), self.groups
         )
-        return metrics, to_global(local, batch, self.groups)
 
 
 def to_global(local: Tensor, batch: TrainBatch, groups: ParallelGroups) -> Tensor:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from hetrl.control import timeline
 from hetrl.monitor import names
+from hetrl.monitor.mismatch import MismatchTotals, mismatch_totals
 from hetrl.records import Sample, SampleMeta
 from hetrl.trainer.algorithms import advantage_metrics, compute_advantages, compute_value_targets, shape_rewards
 from hetrl.trainer.batch import TrainBatch
@@ -46,10 +47,11 @@ def replica_shard(policy: PolicyTrainer, metas: Sequence[SampleMeta], num_miniba
     """Indices (into the step) of the samples this rank's data-parallel replica trains on."""
     g = policy.groups
     shared = policy.trainer_cfg.shared_prompts
-    return step_shard(metas, num_minibatches, g.dp_rank, g.dp_size, _tokens_per_image(policy), shared)
+    return step_shard(metas, num_minibatches, g.dp_rank, g.dp_size, tokens_per_image(policy), shared)
 
 
-def _tokens_per_image(policy: PolicyTrainer) -> int | None:
+def tokens_per_image(policy: PolicyTrainer) -> int | None:
+    """Model positions per image (what the shard functions need to weigh a sample); None for a text model."""
     return None if policy.images is None else policy.images.tokens_per_image
 
 
@@ -58,7 +60,7 @@ def _minibatch(
 ) -> TrainBatch:
     """This replica's :class:`TrainBatch` of the minibatch ``[a, b)`` of the step."""
     g = policy.groups
-    mine = shard_indices(metas[a:b], g.dp_rank, g.dp_size, _tokens_per_image(policy), policy.trainer_cfg.shared_prompts)
+    mine = shard_indices(metas[a:b], g.dp_rank, g.dp_size, tokens_per_image(policy), policy.trainer_cfg.shared_prompts)
     if missing := [a + i for i in mine if a + i not in shard]:
         raise ValueError(f"data-parallel rank {g.dp_rank} lacks samples {missing[:8]} of its shard of the step")
     return policy.make_batch([shard[a + i] for i in mine], mine, b - a)
@@ -89,13 +91,15 @@ def train_on_batch(
     max_tokens: int,
     supervised: bool = False,
     progress: Callable[[], None] = lambda: None,
-) -> tuple[dict[str, float], Tensor]:
-    """Train on one step; ``(metrics averaged over the minibatches, trainer log-probs [N, Tc])``.
+) -> tuple[dict[str, float], dict[int, Tensor]]:
+    """Train on one step; ``(metrics averaged over the minibatches, trainer log-probs of the replica's samples)``.
 
     ``metas`` describe every sample of the step, in order; ``shard`` holds the samples this rank's
     data-parallel replica trains on (at least :func:`replica_shard`'s), by their index in the step.
-    The log-probs are the policy's before the update, for the engine-vs-trainer mismatch. With
-    ``supervised`` (warm start) every policy token's advantage is 1 and the critic is not trained.
+    The log-probs are the policy's before the update, ``{step index: [completion_len] float32}`` for each
+    sample of the replica's shard (what the rollout store keeps). An RL step's metrics include the
+    engine-vs-trainer mismatch of the whole step (:func:`_mismatch`). With ``supervised`` (warm start)
+    every policy token's advantage is 1 and the critic is not trained.
     ``max_tokens`` is the generation budget the overlong penalty ramps to. ``progress`` is called
     after each forward pass and update (the liveness beacon's tick).
     """
@@ -136,12 +140,13 @@ def train_on_batch(
         advantages = compute_advantages(algo, rewards, [m.group_id for m in metas], mask, values=values_full)
         returns = None if values_full is None else compute_value_targets(algo, rewards, mask, values_full)
     per_step = []
+    before: dict[int, Tensor] = {} if old_full is None else {i: old_full[i] for i in rows}
     for k, (a, b) in enumerate(bounds):
         batch = batches[k].with_advantages(advantages[a:b])
         ref_k = None if ref is None else ref[k]
         if old is None:
-            metrics, old_full = policy.train_step(batch, ref_logprobs=ref_k, with_logprobs=True)
-            old_full = _stack([old_full], width)
+            metrics, local = policy.train_step(batch, ref_logprobs=ref_k, with_logprobs=True)
+            before = {a + i: local[r] for r, i in enumerate(batch.global_indices)}
         else:
             metrics = policy.train_step(batch, old_logprobs=old[k], ref_logprobs=ref_k)
         if critic is not None and values is not None and returns is not None:
@@ -153,4 +158,25 @@ def train_on_batch(
         metrics.update(advantage_metrics(advantages, mask), **reward_metrics)
     if policy.routing is not None and (disagree := policy.routing.take_disagreement()) is not None:
         metrics[names.ROUTING_DISAGREE_FRAC] = disagree
-    return metrics, old_full
+    logprobs = {i: before[i][: metas[i].completion_len].clone() for i in rows}
+    if not supervised:
+        metrics.update(_mismatch(shard, logprobs, policy.groups))
+    return metrics, logprobs
+
+
+def _mismatch(shard: Mapping[int, Sample], logprobs: Mapping[int, Tensor], groups: ParallelGroups) -> dict[str, float]:
+    """The step's engine-vs-trainer mismatch (:mod:`hetrl.monitor.mismatch`) on every rank: each replica's
+    totals over its own samples, added up (maxima maxed) over the data-parallel group, where each replica has
+    one rank; equal to the metrics of the whole batch, without gathering any log-prob."""
+    rows = sorted(logprobs)
+    mine = mismatch_totals(
+        [shard[i].logprobs for i in rows], [logprobs[i].tolist() for i in rows], [shard[i].loss_mask for i in rows]
+    )
+    if groups.dp_size == 1:
+        return mine.metrics()
+    sums = torch.tensor([mine.num_tokens, mine.ratio_sum, mine.k3_sum], dtype=torch.float64, device=groups.device)
+    top = torch.tensor([mine.max_abs_log_ratio], dtype=torch.float64, device=groups.device)
+    dist.all_reduce(sums, group=groups.dp)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=groups.dp)
+    num_tokens, ratio_sum, k3_sum = sums.tolist()
+    return MismatchTotals(int(num_tokens), ratio_sum, k3_sum, float(top)).metrics()
