@@ -27,7 +27,7 @@ same way):
   under megatron's ``tp-cp-ep-dp-pp`` order (pipeline stage 0, TP and CP rank 0). Each
   ``TrainWork`` (the step's metadata) it shares with every trainer rank through the real
   ``comm.share`` over a fake communicator (what each rank receives is counted), checks that every
-  replica's receiver got exactly the samples ``hetrl.trainer.shards.step_shard`` deals it, and answers
+  replica's receiver got exactly the samples ``hetrl.trainer.shards.step_shards`` deals it, and answers
   ``TrainDone`` (metrics). Each receiver then shares its shard with the other TP x PP x CP - 1 ranks of
   its replica (``comm.share`` again, counted per replica). A broadcast's forwarding (a tree, or MPICH's
   scatter-allgather for large messages) is not counted as anyone's sends: each rank is counted
@@ -62,7 +62,7 @@ Routing capacity: the orchestrator's CPU seconds per step (process time: on a sh
 time would count other processes' turns), without what the fake roles do (their unpickling, sample
 building and answers' pickling are theirs), split into the per-engine part (``sync_engines``,
 ``_release_engines`` and the polls that take ``ServingWeights``; counted as is), the dealing of the
-shards (``step_shard``, once per replica: its cost grows with replicas x samples, so it is timed again
+shards (``step_shards``: its cost grows with the step's samples and replicas, so it is timed again
 at full scale: the step's metadata repeated 256 / groups times, dealt over every replica) and the rest
 (scaled by 256 / groups); samples per step over that, the median of the measured steps.
 What moe_grpo needs: a step's 2,048 samples every ``STEP_S`` (an assumption: async with two steps of
@@ -121,7 +121,7 @@ from hetrl.loop import orchestrator as orchestrator_module
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.models.images import to_png
 from hetrl.records import CONVERSATION_KEY, ENV_REWARD_KEY, EpisodeItem, Sample, SampleMeta
-from hetrl.trainer.shards import step_shard
+from hetrl.trainer.shards import step_shards
 
 NODE_COUNTS = (128, 1024)
 HEADLINE_NODES = 1024
@@ -297,8 +297,8 @@ class FakeEngines:
                 self.world.relay(rank, message.reward_rank, work)
                 self.rewards(message.reward_rank, work)
         elif isinstance(message, ShipSamples):
-            for receiver, sample_ids in message.shards:
-                shard = TrainShard(message.step, [self.held[rank].pop(i) for i in sample_ids])
+            for receiver, metas in message.shards:
+                shard = TrainShard(message.step, [m.scored(self.held[rank].pop(m.sample_id)) for m in metas])
                 self.trainer.take_shard(receiver, shard, self.world.relay(rank, receiver, shard))
         elif isinstance(message, DropSamples):
             for sample_id in message.sample_ids:
@@ -421,16 +421,15 @@ class FakeTrainer:
         shared = self.everyone.share(work)  # the leader hands it to every trainer rank
         others = self.everyone.size - 1
         self.traffic.add("trainer", "trainer", SHARE_WORK, others * shared, messages=others)
-        order = {m.sample_id: i for i, m in enumerate(work.metas)}
+        metas = work.metas
+        order = {m.sample_id: i for i, m in enumerate(metas)}
         num_minibatches = 1 if work.supervised else self.cfg.trainer.updates_per_batch
         samples: dict[str, Sample] = {}
         replicas = []
-        for dp_rank, receiver in enumerate(self.receivers):
+        shards = step_shards(metas, num_minibatches, len(self.receivers), None, self.cfg.trainer.shared_prompts)
+        for dp_rank, (receiver, dealt) in enumerate(zip(self.receivers, shards)):
             got = self.inbox.pop(receiver, [])
             shard = sorted((s for message, _ in got for s in message.samples), key=lambda s: order[s.sample_id])
-            dealt = step_shard(
-                work.metas, num_minibatches, dp_rank, len(self.receivers), None, self.cfg.trainer.shared_prompts
-            )
             if [order[s.sample_id] for s in shard] != dealt:
                 raise RuntimeError(f"step {work.step}: replica {dp_rank} received other samples than its shard")
             samples.update((s.sample_id, s) for s in shard)
@@ -441,7 +440,7 @@ class FakeTrainer:
             replicas.append(Replica(sum(n for _, n in got), replica_bytes, shard_bytes))
         if self.inbox:
             raise RuntimeError(f"step {work.step}: TrainShards for no replica of its layout: {sorted(self.inbox)}")
-        batch = [samples[m.sample_id] for m in work.metas]
+        batch = [samples[m.sample_id] for m in metas]
         self.steps.append(
             {
                 "header": shared,
@@ -450,7 +449,7 @@ class FakeTrainer:
                 "batch_bytes": len(pickle.dumps(batch, MPI.pickle.PROTOCOL)),
                 "lengths": [(len(s.prompt_ids), len(s.completion_ids)) for s in batch],
                 "routing_bytes": statistics.mean(s.routed_experts.nbytes for s in batch),
-                "metas": work.metas,
+                "metas": metas,
             }
         )
         self.version += 1
@@ -497,38 +496,37 @@ class EngineClock:
 
 
 class DealClock:
-    """The orchestrator's seconds in ``step_shard`` (its dealing of a step over the replicas), read by standing in
+    """The orchestrator's seconds in ``step_shards`` (its dealing of a step over the replicas), read by standing in
     for the name its module calls while the simulation runs."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
 
     def __enter__(self) -> DealClock:
-        def timed(*args: Any, **kwargs: Any) -> list[int]:
+        def timed(*args: Any, **kwargs: Any) -> list[list[int]]:
             start = time.process_time()
             try:
-                return step_shard(*args, **kwargs)
+                return step_shards(*args, **kwargs)
             finally:
                 self.seconds += time.process_time() - start
 
-        orchestrator_module.step_shard = timed
+        orchestrator_module.step_shards = timed
         return self
 
     def __exit__(self, *exc: object) -> None:
-        orchestrator_module.step_shard = step_shard
+        orchestrator_module.step_shards = step_shards
 
 
 def full_deal_s(metas: list[SampleMeta], copies: int, num_replicas: int, cfg: Any) -> float:
     """CPU seconds to deal a full step (``metas`` repeated ``copies`` times under fresh ids) over ``num_replicas``
-    replicas, as the orchestrator deals it: one ``step_shard`` per replica."""
+    replicas, as the orchestrator deals it: one ``step_shards`` for every replica."""
     full = [
         dataclasses.replace(m, sample_id=f"{m.sample_id}-{k}", group_id=f"{m.group_id}-{k}")
         for k in range(copies)
         for m in metas
     ]
     start = time.process_time()
-    for dp_rank in range(num_replicas):
-        step_shard(full, cfg.trainer.updates_per_batch, dp_rank, num_replicas, None, cfg.trainer.shared_prompts)
+    step_shards(full, cfg.trainer.updates_per_batch, num_replicas, None, cfg.trainer.shared_prompts)
     return time.process_time() - start
 
 

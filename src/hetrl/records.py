@@ -154,13 +154,13 @@ class SampleMeta:
 
     sample_id: str
     group_id: str
-    task_name: str
     prompt_len: int
     completion_len: int
-    num_policy_tokens: int
     num_images: int
     prompt_key: int
-    min_version: int  # the oldest weight version among the policy tokens (-1 when there are none)
+    task_name: str = ""
+    num_policy_tokens: int = 0
+    min_version: int = -1  # the oldest weight version among the policy tokens (-1 when there are none)
     finish_reason: str = "stop"
     num_turns: int = 1
     num_tool_calls: int = 0

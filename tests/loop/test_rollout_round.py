@@ -141,17 +141,23 @@ def test_held_samples_are_shipped_to_trainer_replicas_sent_to_another_reward_ran
     worker.loop.handle(RescoreSamples(["t0.1"], 6), ORCHESTRATOR)
     assert sent.pop() == (RewardWork([ScoringView.of(worker.held["t0.1"], False)]), 6, Tag.WORK)
     kept = dict(worker.held)
-    worker.loop.handle(ShipSamples(4, [(7, ["t0.0"]), (8, ["t0.2", "t0.1"])]), ORCHESTRATOR)
+    metas = {i: SampleMeta.of(sample) for i, sample in kept.items()}
+    metas["t0.2"].reward, metas["t0.2"].flags = 1.0, ["hack/none"]  # the verdict goes with the sample
+    metas["t0.2"].info["reward_metrics"] = {"math/correct": 1.0}
+    worker.loop.handle(ShipSamples(4, [(7, [metas["t0.0"]]), (8, [metas["t0.2"], metas["t0.1"]])]), ORCHESTRATOR)
     assert sent == [
         (TrainShard(4, [kept["t0.0"]]), 7, Tag.SHARD),
         (TrainShard(4, [kept["t0.2"], kept["t0.1"]]), 8, Tag.SHARD),
     ]
+    shipped = sent[1][0].samples[0]
+    assert shipped.reward == 1.0 and shipped.flags == ["hack/none"] and shipped.logprobs == [-0.5] * 3
+    assert shipped.info["reward_metrics"] == {"math/correct": 1.0} and CONVERSATION_KEY in shipped.info
     assert worker.held == {}
     worker.held = {"t1.0": _sample("t1.0")}
     worker.loop.handle(DropSamples(["t1.0"]), ORCHESTRATOR)
     assert worker.held == {}
     with pytest.raises(KeyError):  # a sample shipped or dropped is gone: at most once
-        worker.loop.handle(ShipSamples(5, [(7, ["t1.0"])]), ORCHESTRATOR)
+        worker.loop.handle(ShipSamples(5, [(7, [SampleMeta.of(_sample("t1.0"))])]), ORCHESTRATOR)
 
 
 def test_the_round_that_takes_shutdown_still_works_then_the_loop_ends(monkeypatch):

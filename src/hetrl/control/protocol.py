@@ -53,10 +53,11 @@ class RescoreSamples:
 @dataclass
 class ShipSamples:
     """Orchestrator -> engine: send held samples to the trainer replicas of step ``step``, one
-    :class:`TrainShard` per ``(receiver world rank, sample ids)``, and forget them."""
+    :class:`TrainShard` per ``(receiver world rank, the samples' metadata)``, each sample given the verdict its
+    metadata carries (``SampleMeta.scored``: the rollout store keeps it beside the tokens), and forget them."""
 
     step: int
-    shards: list[tuple[int, list[str]]]
+    shards: list[tuple[int, list[SampleMeta]]]
 
 
 @dataclass
@@ -159,12 +160,30 @@ class RewardDone:
 @dataclass
 class TrainWork:
     """One step's metadata, every sample in order, sent once to the trainer's leader (trainer rank 0), which
-    shares it with the other trainer ranks; each replica's samples come as :class:`TrainShard`. The trainer turns
-    the rewards into advantages."""
+    shares it with every trainer rank; each replica's samples come as :class:`TrainShard`. The trainer turns
+    the rewards into advantages.
+
+    Only what the trainer reads of a sample's metadata (:data:`TRAIN_FIELDS`), in columns: every trainer rank
+    receives it, so its bytes per sample weigh against each rank's shard (~40 bytes a sample here, against ~270
+    for whole ``SampleMeta`` objects with their rewards and info). Read it back with :attr:`metas`.
+    """
 
     step: int
-    metas: list[SampleMeta]
+    columns: dict[str, list[Any]]  # a TRAIN_FIELDS name -> its value for every sample of the step, in order
     supervised: bool = False  # warm-start: maximise the likelihood of demonstrations
+
+    @classmethod
+    def of(cls, step: int, metas: list[SampleMeta], supervised: bool = False) -> TrainWork:
+        return cls(step, {name: [getattr(m, name) for m in metas] for name in TRAIN_FIELDS}, supervised)
+
+    @property
+    def metas(self) -> list[SampleMeta]:
+        """The step's samples as ``SampleMeta`` (the fields the trainer does not read keep their defaults)."""
+        return [SampleMeta(**dict(zip(self.columns, values))) for values in zip(*self.columns.values())]
+
+
+# What the trainer reads of a sample's metadata: the shard functions' (hetrl.trainer.shards) and the advantages'.
+TRAIN_FIELDS = ("sample_id", "group_id", "reward", "prompt_len", "completion_len", "num_images", "prompt_key")
 
 
 @dataclass

@@ -78,7 +78,7 @@ from hetrl.monitor import names
 from hetrl.monitor.eval import eval_metrics
 from hetrl.monitor.guards import IDLE
 from hetrl.records import EpisodeItem, Sample, SampleMeta, SamplingParams, id_order
-from hetrl.trainer.shards import step_shard
+from hetrl.trainer.shards import step_shards
 
 logger = logging.getLogger(__name__)
 _POLL_S = 1.0  # how often a waiting orchestrator has the monitor redraw the console
@@ -570,7 +570,7 @@ class Orchestrator:
         self._ship(step, metas, num_minibatches=1 if supervised else self.cfg.trainer.updates_per_batch)
         if self.cfg.rollout.placement == "colocated":
             self._release_engines(step)
-        self.to_trainer(TrainWork(step, metas, supervised))
+        self.to_trainer(TrainWork.of(step, metas, supervised))
         self._report("trainer", True, "training")
         while self.train_done is None:
             self.pump(f"the trainer's step {step} (v{self.version} -> v{self.version + 1})", timeout_s=3600)
@@ -582,28 +582,31 @@ class Orchestrator:
         return done
 
     def _ship(self, step: int, metas: list[SampleMeta], num_minibatches: int) -> None:
-        """Each holder sends each trainer replica its samples of the step: one :class:`ShipSamples` per engine (its
-        shards for every replica), the orchestrator's own demonstrations as :class:`TrainShard` straight away. The
-        replicas are dealt by the trainer's own functions (``hetrl.trainer.shards``) on the same metadata."""
+        """Each holder sends each trainer replica its samples of the step, with their verdicts: one
+        :class:`ShipSamples` per engine (its part of every replica's shard), the orchestrator's own demonstrations
+        as :class:`TrainShard` straight away. The replicas are dealt by the trainer's own function
+        (``hetrl.trainer.shards``) on the same metadata and layout, so both sides agree on every sample."""
         layout = self.layout
-        per_holder: dict[int, list[tuple[int, list[str]]]] = defaultdict(list)
-        for dp_rank, receiver in enumerate(layout.receivers):
-            indices = step_shard(
-                metas, num_minibatches, dp_rank, len(layout.receivers), layout.tokens_per_image, layout.shared_prompts
-            )
-            for holder, ids in self._by_holder(metas[i].sample_id for i in indices).items():
-                per_holder[holder].append((receiver, ids))
         missing = [m.sample_id for m in metas if m.sample_id not in self.ledger.held_at]
         if missing:
             raise RuntimeError(f"step {step}: no rank holds samples {missing[:8]}")
-        for holder, shards in per_holder.items():
-            if holder == self.ctx.rank:
-                for receiver, ids in shards:
-                    send(self.ctx.world, TrainShard(step, [self._held.pop(i) for i in ids]), receiver, Tag.SHARD)
-            else:
-                send(self.ctx.world, ShipSamples(step, shards), holder, Tag.WORK)
-        for m in metas:
-            del self.ledger.held_at[m.sample_id]
+        shards = step_shards(
+            metas, num_minibatches, len(layout.receivers), layout.tokens_per_image, layout.shared_prompts
+        )
+        per_holder: dict[int, list[tuple[int, list[SampleMeta]]]] = defaultdict(list)
+        for receiver, indices in zip(layout.receivers, shards):
+            by_holder: dict[int, list[SampleMeta]] = defaultdict(list)
+            for i in indices:
+                by_holder[self.ledger.held_at.pop(metas[i].sample_id)].append(metas[i])
+            for holder, part in by_holder.items():
+                per_holder[holder].append((receiver, part))
+        for holder, parts in per_holder.items():
+            if holder != self.ctx.rank:
+                send(self.ctx.world, ShipSamples(step, parts), holder, Tag.WORK)
+                continue
+            for receiver, part in parts:
+                samples = [m.scored(self._held.pop(m.sample_id)) for m in part]
+                send(self.ctx.world, TrainShard(step, samples), receiver, Tag.SHARD)
 
     def _release_engines(self, step: int) -> None:
         """Colocated engines give the trainer their GPU memory: the step starts once every one has slept.

@@ -162,8 +162,8 @@ class RolloutWorker:
         self._send_views(message.sample_ids, message.reward_rank)
 
     def _on_ship(self, message: ShipSamples, source: int) -> None:
-        for receiver, sample_ids in message.shards:
-            samples = [self.held.pop(sample_id) for sample_id in sample_ids]
+        for receiver, metas in message.shards:
+            samples = [meta.scored(self.held.pop(meta.sample_id)) for meta in metas]
             send(self.ctx.world, TrainShard(message.step, samples), receiver, Tag.SHARD)
 
     def _on_drop(self, message: DropSamples, source: int) -> None:

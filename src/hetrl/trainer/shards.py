@@ -44,14 +44,10 @@ def balanced_bins(sizes: Sequence[int], num_bins: int, capacity: int | None = No
     return [sorted(b) for b in bins]
 
 
-def shard_indices(
-    metas: Sequence[SampleMeta],
-    dp_rank: int,
-    dp_size: int,
-    tokens_per_image: int | None = None,
-    shared_prompts: bool = False,
-) -> list[int]:
-    """Indices (into ``metas``, one minibatch) of the samples replica ``dp_rank`` trains on."""
+def deal(
+    metas: Sequence[SampleMeta], dp_size: int, tokens_per_image: int | None = None, shared_prompts: bool = False
+) -> list[list[int]]:
+    """Indices (into ``metas``, one minibatch) of the samples each replica trains on, by data-parallel rank."""
     units: list[list[int]]
     if shared_prompts:
         rows: dict[tuple[str, int], list[int]] = {}
@@ -64,8 +60,35 @@ def shard_indices(
         what = "groups" if shared_prompts else "samples"
         raise ValueError(f"{len(units)} {what} cannot feed {dp_size} data-parallel ranks")
     sizes = [sum(metas[i].model_length(tokens_per_image) for i in unit) for unit in units]
-    chosen = balanced_bins(sizes, dp_size, capacity=-(-len(units) // dp_size))[dp_rank]
-    return sorted(i for u in chosen for i in units[u])
+    bins = balanced_bins(sizes, dp_size, capacity=-(-len(units) // dp_size))
+    return [sorted(i for u in chosen for i in units[u]) for chosen in bins]
+
+
+def shard_indices(
+    metas: Sequence[SampleMeta],
+    dp_rank: int,
+    dp_size: int,
+    tokens_per_image: int | None = None,
+    shared_prompts: bool = False,
+) -> list[int]:
+    """Indices (into ``metas``, one minibatch) of the samples replica ``dp_rank`` trains on."""
+    return deal(metas, dp_size, tokens_per_image, shared_prompts)[dp_rank]
+
+
+def step_shards(
+    metas: Sequence[SampleMeta],
+    num_minibatches: int,
+    dp_size: int,
+    tokens_per_image: int | None = None,
+    shared_prompts: bool = False,
+) -> list[list[int]]:
+    """Indices (into the step's ``metas``) of every sample each replica trains on, over all minibatches, by
+    data-parallel rank: how the orchestrator deals a step (one pass, whatever the number of replicas)."""
+    shards: list[list[int]] = [[] for _ in range(dp_size)]
+    for a, b in minibatch_bounds(len(metas), num_minibatches):
+        for shard, indices in zip(shards, deal(metas[a:b], dp_size, tokens_per_image, shared_prompts)):
+            shard.extend(a + i for i in indices)
+    return shards
 
 
 def step_shard(
@@ -77,8 +100,4 @@ def step_shard(
     shared_prompts: bool = False,
 ) -> list[int]:
     """Indices (into the step's ``metas``) of every sample replica ``dp_rank`` trains on, over all minibatches."""
-    return [
-        a + i
-        for a, b in minibatch_bounds(len(metas), num_minibatches)
-        for i in shard_indices(metas[a:b], dp_rank, dp_size, tokens_per_image, shared_prompts)
-    ]
+    return step_shards(metas, num_minibatches, dp_size, tokens_per_image, shared_prompts)[dp_rank]
