@@ -5,7 +5,6 @@ its holder exactly once."""
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -72,13 +71,13 @@ def test_each_holder_ships_each_replica_its_dealt_samples_once(monkeypatch):
 
 
 def test_the_header_carries_what_the_trainer_reads_in_few_bytes(monkeypatch):
-    _, _, samples, metas = _step(monkeypatch)
+    _, _, _, metas = _step(monkeypatch)
     work = TrainWork.of(3, metas)
     back = work.metas
     assert [tuple(getattr(m, f) for f in TRAIN_FIELDS) for m in back] == [
         tuple(getattr(m, f) for f in TRAIN_FIELDS) for m in metas
     ]
     assert step_shards(back, 2, 2) == step_shards(metas, 2, 2)  # the trainer deals the step as the orchestrator
-    many = [replace(m, sample_id=f"t{k}.{i}", group_id=f"t{k}") for k in range(200) for i, m in enumerate(metas)]
+    many = [SampleMeta.of(_sample(g, i, 100 + i)) for g in range(200) for i in range(6)]
     per_sample = len(pickle.dumps(TrainWork.of(3, many))) / len(many)
     assert per_sample < len(pickle.dumps(many)) / len(many) / 3 and per_sample < 60
