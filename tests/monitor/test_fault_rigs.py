@@ -55,11 +55,11 @@ def test_reward_drop_lowers_every_reward_from_the_nth_sample(monkeypatch):
 def test_nan_loss_poisons_only_the_nth_batch(monkeypatch):
     monkeypatch.setenv(faults.FAULT_ENV, "trainer:0:nan_loss@2")
     rigged = TrainerFaults(RankFaults.from_env("trainer", 0))
-    work = TrainWork(0, [SampleMeta.of(_sample(0))])
-    assert rigged.metas(work) is work.metas
+    work = TrainWork.of(0, [SampleMeta.of(_sample(0))])
+    assert [m.reward for m in rigged.metas(work)] == [0.25]
     poisoned = rigged.metas(work)
     assert all(math.isnan(m.reward) for m in poisoned) and work.metas[0].reward == 0.25
-    assert rigged.metas(work) is work.metas
+    assert [m.reward for m in rigged.metas(work)] == [0.25]
 
 
 def test_clock_reports_each_timed_phase_once():

@@ -51,7 +51,7 @@ def orchestrate(world, cfg, out: Path) -> None:
             half = len(indices) // 2
             for part in (indices[:half], indices[half:]):
                 send(world, TrainShard(step, [samples[i] for i in part]), receiver, Tag.SHARD)
-        send(world, TrainWork(step, metas, supervised), 1, Tag.WORK)
+        send(world, TrainWork.of(step, metas, supervised), 1, Tag.WORK)
         done.append(recv(world, 1, Tag.RESULT, timeout_s=TIMEOUT_S)[0].metrics)
     send(world, Shutdown(), 1, Tag.WORK)
     flush_sends()

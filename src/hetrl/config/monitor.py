@@ -39,7 +39,10 @@ class RolloutStoreConfig(Section):
         "RUN`).",
     )
     flush_every: int = Field(
-        256, ge=1, description="Samples buffered in memory before they are written and made visible to readers."
+        256,
+        ge=1,
+        description="Samples a trainer replica buffers in memory before it writes them and makes them visible to "
+        "readers; each step's are written before the step is answered.",
     )
     compression: int = Field(
         1, ge=0, le=9, description="gzip level of the HDF5 datasets (0 = none); 1 is fast and shrinks token ids ~3x."

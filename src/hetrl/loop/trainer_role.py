@@ -175,6 +175,15 @@ def receive_shard(
     return shard
 
 
+def _store_step(store: RolloutStore, step: int, shard: dict[int, Sample], logprobs: dict[int, Any]) -> None:
+    """The replica's samples of an RL step (their holders gave them their verdicts) with the trainer's log-probs,
+    written before the step is answered: a guard that stops the run on this step ends every rank at once, and the
+    evidence must be on disk by then."""
+    rows = sorted(logprobs)
+    store.append(step, [shard[i] for i in rows], [logprobs[i].numpy() for i in rows])
+    store.flush()
+
+
 def _open_store(cfg: HetrlConfig, run_dir: Path, replica: Replica) -> RolloutStore | None:
     """The replica receiver's part of the rollout store (one writer per file: one name per replica)."""
     store_cfg = cfg.monitor.rollout_store
@@ -309,8 +318,8 @@ class TrainerRank:
             _push_weights(self.ctx, self.trainer, self.cfg, self.sender, self.version, message.attempt)
 
     def _on_train(self, message: TrainWork, source: int) -> None:
-        """One step on this replica's shard, its answer (new version, metrics), the weight push, then the replica's
-        RL samples to its rollout store part."""
+        """One step on this replica's shard, the replica's RL samples to its rollout store part, the step's answer (new
+        version, metrics), then the weight push."""
         cfg, trainer = self.cfg, self.trainer
         wanted = "supervised" if message.supervised else "rl"
         if wanted != self.stage:  # a new stage: fresh Adam moments and the stage's own LR schedule
@@ -334,15 +343,12 @@ class TrainerRank:
         metrics.update(self.mfu.measure([m.prompt_len + m.completion_len for m in metas], train_s))
         metrics.update(self.clock.take())
         self.version += 1
+        if self.store is not None and not message.supervised:  # warm-start demonstrations are not rollouts
+            _store_step(self.store, message.step, shard, logprobs)
         _reply(self.ctx, self.sender, TrainDone(message.step, self.version, metrics))
         with self.clock.timing("weight_sync"):
             _push_weights(self.ctx, trainer, cfg, self.sender, self.version)
         self.rigged.after_push(trainer)
-        if self.store is not None and not message.supervised:  # warm-start demonstrations are not rollouts
-            rows = sorted(logprobs)
-            # The verdicts as the orchestrator has them (its metadata), not the rigged ones.
-            samples = [message.metas[i].scored(shard[i]) for i in rows]
-            self.store.append(message.step, samples, [logprobs[i].numpy() for i in rows])
 
     def _receive_shard(self, message: TrainWork, metas: list[SampleMeta], num_minibatches: int) -> dict[int, Sample]:
         """This replica's samples of the step (:func:`replica_shard`), by index, on every rank of the replica: its
@@ -403,10 +409,11 @@ class _RiggedFaults:
 
     def metas(self, work: TrainWork) -> list[SampleMeta]:
         """The step's metadata, with NaN rewards (hence NaN advantages and loss) when the fault fires."""
+        metas = work.metas
         if not self.nan.fire():
-            return work.metas
+            return metas
         logger.warning("injected fault: NaN rewards in the batch of step %d", work.step)
-        return [replace(m, reward=math.nan) for m in work.metas]
+        return [replace(m, reward=math.nan) for m in metas]
 
     def after_push(self, trainer: Any) -> None:
         desync, drift = self.desync.fire(), self.drift.fire()  # both count every push
