@@ -263,15 +263,16 @@ class PolicyTrainer:
 
 
 def to_global(local: Tensor, batch: TrainBatch, groups: ParallelGroups) -> Tensor:
-    """A sample-space tensor of this rank's shard -> the full batch's, on every rank."""
+    """A sample-space tensor of this rank's shard -> the full batch's, on every rank (on the CPU; the all-reduces run
+    on the data-parallel group's device, since NCCL reduces device tensors only)."""
     out = torch.zeros(batch.num_global_samples, local.shape[1])
     out[batch.global_indices] = local
     if groups.dp_size > 1:
-        width = torch.tensor([out.shape[1]])
+        width = torch.tensor([out.shape[1]], device=groups.device)
         dist.all_reduce(width, op=dist.ReduceOp.MAX, group=groups.dp)
-        out = torch.nn.functional.pad(out, (0, int(width) - out.shape[1]))
+        out = torch.nn.functional.pad(out, (0, int(width) - out.shape[1])).to(groups.device)
         dist.all_reduce(out, group=groups.dp)
-    return out
+    return out.cpu()
 
 
 def global_counts(batch: TrainBatch, groups: ParallelGroups) -> tuple[Tensor, Tensor]:
