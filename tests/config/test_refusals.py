@@ -333,3 +333,17 @@ def test_environment_and_task_source_names_match_the_registry():
     from hetrl.env.registry import ENVIRONMENTS, TASK_SOURCES
 
     assert ENVIRONMENT_NAMES == tuple(sorted(ENVIRONMENTS)) and TASK_SOURCE_NAMES == tuple(sorted(TASK_SOURCES))
+
+
+def test_an_openenv_recipe_without_the_extra_is_refused_by_a_dry_run(tmp_path):
+    """launch.py --dry-run in a Python where openenv cannot be imported (sys.modules[name] = None is how
+    the import system spells "not installed" to find_spec)."""
+    launch = (
+        "import runpy, sys; sys.modules['openenv'] = None; "
+        f"sys.argv = ['launch.py', 'recipe=tiny_openenv_grpo', 'run.output_dir={tmp_path}', '--dry-run']; "
+        f"runpy.run_path({str(ROOT / 'launch.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", launch], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and not (tmp_path / "tiny_openenv_grpo").exists()
+    assert "env.name=openenv needs the openenv extra" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "pip install -e '.[openenv]'" in proc.stdout + proc.stderr

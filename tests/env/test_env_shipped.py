@@ -175,13 +175,14 @@ def test_shapes_options_choose_questions_and_scene_sizes():
     with pytest.raises(ValueError, match="unknown env.tasks.options"):
         ShapesSource(4, 0, {"colours": 3})
     with pytest.raises(
-        ValueError, match="options is not used by task source 'screen_tasks' \\(only by reasoning_gym and shapes\\)"
+        ValueError,
+        match="options is not used by task source 'screen_tasks' \\(only by reasoning_gym, shapes and openenv\\)",
     ):
         TaskSourceConfig(source="screen_tasks", options={"questions": ["total"]})
 
 
 def test_build_env_allowlist_and_options(runner):
-    with pytest.raises(ValueError, match="valid names: code, math, multimodal, screen, terminal, tool_math"):
+    with pytest.raises(ValueError, match="valid names: code, math, multimodal, openenv, screen, terminal, tool_math"):
         build_env(EnvConfig(name="os.system"))
     with pytest.raises(ValueError, match=r"not options of environment 'code'; valid: \['max_attempts'\]"):
         env_factory(EnvConfig(name="code", options={"retries": 2}))

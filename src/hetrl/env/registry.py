@@ -29,6 +29,7 @@ ENVIRONMENTS: dict[str, str] = {
     "terminal": "hetrl.env.envs.terminal:TerminalEnv",
     "multimodal": "hetrl.env.envs.multimodal:MultimodalEnv",
     "screen": "hetrl.env.envs.screen:ScreenEnv",
+    "openenv": "hetrl.env.envs.openenv_adapter:OpenEnvEnv",
 }
 
 TASK_SOURCES: dict[str, str] = {
@@ -38,6 +39,7 @@ TASK_SOURCES: dict[str, str] = {
     "file_ops": "hetrl.env.envs.terminal:FileOpsSource",
     "shapes": "hetrl.env.envs.multimodal:ShapesSource",
     "screen_tasks": "hetrl.env.envs.screen:ScreenTaskSource",
+    "openenv": "hetrl.env.envs.openenv_adapter:OpenEnvSource",
 }
 
 
@@ -75,11 +77,13 @@ def env_factory(
     """
     cls = _resolve(ENVIRONMENTS, cfg.name, "environment")
     params = inspect.signature(cls).parameters
-    unknown = sorted(set(cfg.options) - set(params) - {"runner", "system_prompt"})
+    unknown = sorted(set(cfg.options) - set(params) - {"runner", "system_prompt", "openenv"})
     if unknown:
-        valid = sorted(set(params) - {"runner", "system_prompt"})
+        valid = sorted(set(params) - {"runner", "system_prompt", "openenv"})
         raise ValueError(f"env.options {unknown} are not options of environment {cfg.name!r}; valid: {valid}")
     kwargs = {**cfg.options, "system_prompt": cfg.system_prompt}
+    if "openenv" in params:  # the OpenEnv adapter's server (env.openenv), a typed section rather than options
+        kwargs["openenv"] = cfg.openenv
     needs_runner = "runner" in params
 
     def make() -> Environment:
@@ -106,6 +110,8 @@ def build_task_source(cfg: TaskSourceConfig, seed: int) -> TaskSource:
         return cls(cfg.name, size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
     if cfg.source == "shapes":
         return cls(size=cfg.size, seed=seed, options=cfg.options, answer_instruction=cfg.answer_instruction)
+    if cfg.source == "openenv":
+        return cls(size=cfg.size, seed=seed, demonstrations=cfg.options.get("demonstrations"))
     for key, value in (("options", cfg.options or None), ("answer_instruction", cfg.answer_instruction)):
         if value is not None:
             raise ValueError(

@@ -5,6 +5,7 @@ Argument parsing stays here (the app), never in the library: everything below ta
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -88,10 +89,21 @@ def compose_and_plan(recipe: str, overrides: list[str]) -> tuple[HetrlConfig, Pl
     """Every check a launch or dry run makes on the login node: the recipe composed and validated,
     the files it names present, the layout planned, the eval tasks held out. Raises ConfigError or PlanError."""
     cfg = load_config(recipe, overrides)
+    check_extras(cfg)
     check_paths(cfg)
     plan = make_plan(cfg)
     check_held_out(cfg)
     return cfg, plan
+
+
+def check_extras(cfg: HetrlConfig) -> None:
+    """Refuse a recipe whose components need an optional extra this install lacks: on the login node, not
+    in the first rank that imports it."""
+    if cfg.env.name == "openenv" and importlib.util.find_spec("openenv") is None:
+        raise ConfigError(
+            "env.name=openenv needs the openenv extra (openenv-core, websockets), which is not installed: "
+            "pip install -e '.[openenv]'"
+        )
 
 
 def check_held_out(cfg: HetrlConfig) -> None:
