@@ -17,6 +17,7 @@ restored policy and under their group ids: no task is skipped.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from hetrl.config.loop import CheckpointConfig
 from hetrl.control import liveness, rundir
 from hetrl.control.comm import RoleContext, Tag, recv
-from hetrl.control.protocol import Checkpoint, CheckpointDone, Restore, Restored
+from hetrl.control.protocol import Checkpoint, CheckpointDone, Restore, Restored, TrainerLayout
 from hetrl.loop import preempt
 from hetrl.loop.orchestrator import Orchestrator
 
@@ -43,13 +44,19 @@ class LoopState:
     trained_before: int = 0  # samples trained on by earlier (pre-empted) processes of this run
 
 
-def _trainer_reply(ctx: RoleContext, expected: type) -> Any:
-    """Wait for trainer rank 0's answer (the only trainer rank that talks to the orchestrator)."""
+def _trainer_reply(ctx: RoleContext, orch: Orchestrator, expected: type) -> Any:
+    """Wait for trainer rank 0's answer (the only trainer rank that talks to the orchestrator). Its layout, which
+    it announces once at start, may come first: the orchestrator keeps it."""
     liveness.idle(f"the trainer's {expected.__name__}")
-    message, _, _ = recv(ctx.world, ctx.plan.ranks_of("trainer")[0], Tag.RESULT, timeout_s=_TRAINER_REPLY_TIMEOUT_S)
-    if not isinstance(message, expected):
-        raise TypeError(f"expected {expected.__name__} from the trainer, got {type(message).__name__}")
-    return message
+    deadline = time.monotonic() + _TRAINER_REPLY_TIMEOUT_S
+    while True:
+        timeout_s = max(0.0, deadline - time.monotonic())
+        message, _, _ = recv(ctx.world, ctx.plan.ranks_of("trainer")[0], Tag.RESULT, timeout_s=timeout_s)
+        if isinstance(message, expected):
+            return message
+        if not isinstance(message, TrainerLayout):
+            raise TypeError(f"expected {expected.__name__} from the trainer, got {type(message).__name__}")
+        orch.layout = message
 
 
 def save(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> str:
@@ -57,7 +64,7 @@ def save(ctx: RoleContext, orch: Orchestrator, state: LoopState) -> str:
     saved = LoopState(**{**asdict(state), "trained_before": state.trained_before + len(orch.ledger.trained)})
     loop_state = {"loop": asdict(saved), "orchestrator": orch.state_dict()}
     orch.to_trainer(Checkpoint(orch.version, loop_state))
-    path = _trainer_reply(ctx, CheckpointDone).path
+    path = _trainer_reply(ctx, orch, CheckpointDone).path
     logger.info("checkpoint of v%d at %s", orch.version, path)
     return path
 
@@ -70,7 +77,7 @@ def resume(ctx: RoleContext, cfg: CheckpointConfig, orch: Orchestrator, run_dir:
     if path is None:
         return LoopState()
     orch.to_trainer(Restore(str(path)))
-    restored = _trainer_reply(ctx, Restored)
+    restored = _trainer_reply(ctx, orch, Restored)
     orch.load_state_dict(restored.loop_state["orchestrator"])
     if orch.version != restored.version:
         raise RuntimeError(f"checkpoint {path} holds weights v{restored.version} but loop state of v{orch.version}")
