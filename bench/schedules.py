@@ -28,7 +28,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _launch import launch
+from _launch import launch, machine
 
 STEPS = 10
 RUN_TIMEOUT_S = 900  # a run takes ~1 min; the liveness watchdog ends a hung one sooner (tiny_grpo: 120 s)
@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of each schedule (the headline is their median)")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="hetrl-bench-schedules-"))
+    print(f"schedules: runs under {out}; {machine()}", flush=True)
     runs = []
     for index in range(args.runs):
         runs.append(measure(out, index))

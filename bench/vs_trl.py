@@ -318,11 +318,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="hetrl-bench-vs-trl-"))
-    print(
-        f"vs_trl: runs under {out}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} "
-        f"cores",
-        flush=True,
-    )
+    print(f"vs_trl: runs under {out}; {_launch.machine()}", flush=True)
     python = trl_python()
 
     small = [
