@@ -10,8 +10,11 @@ The workload is held fixed and balanced so that the schedules, not the policy, d
   one micro-batch: generating and training a step then cost about the same here (0.72 s, 0.62 s).
   With tiny_grpo's shape training costs 1.7x what generation does (1.43 s, 0.83 s), which caps
   any overlap at (g + t) / max(g, t) = 1.58x, whatever the schedule.
-Reported per run: median step time per schedule (steps after the first two), the speedups over
-sync, and the async step time over max(generation time, training time) measured in the sync run,
+Reported per run: the mean step time per schedule (steps after the first two: the schedule's
+throughput; not the median, because an async run's steps alternate between train-only steps and
+steps that wait for generation, and a median jumps between the two modes from run to run: 0.56 and
+1.05 s/step for two runs of the same code whose means were 1.06 and 1.08), the speedups over sync,
+and the async step time over max(generation time, training time) measured in the sync run,
 where the two phases do not overlap (below 1: async also batches several steps' generation
 together). The three schedules run ``--runs`` times (default 3), interleaved (sync, one-step-off,
 async, then again) so that the machine's slow and quiet spells hit each alike; one run's speedup
@@ -70,16 +73,17 @@ def run(schedule: str, out: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def median_of(metrics: list[dict], key: str) -> float:
-    return statistics.median(m[key] for m in metrics[2:] if key in m)
+def mean_of(metrics: list[dict], key: str) -> float:
+    """The mean of ``key`` over the steps after the first two (the start's warm-up)."""
+    return statistics.mean(m[key] for m in metrics[2:] if key in m)
 
 
 def measure(out: Path, index: int) -> dict[str, float]:
     """One run of each schedule: step times, the sync run's phases, and the ratios derived from them."""
     results = {name: run(name, out, f"{name}_{index}") for name in SCHEDULES}
-    figures = {name: median_of(m, "time/step") for name, m in results.items()}
-    figures["generate"] = median_of(results["sync"], "time/generate")
-    figures["train"] = median_of(results["sync"], "time/train")
+    figures = {name: mean_of(m, "time/step") for name, m in results.items()}
+    figures["generate"] = mean_of(results["sync"], "time/generate")
+    figures["train"] = mean_of(results["sync"], "time/train")
     figures["one_step_off_speedup"] = figures["sync"] / figures["one_step_off"]
     figures["async_speedup"] = figures["sync"] / figures["async"]
     figures["async_over_max"] = figures["async"] / max(figures["generate"], figures["train"])
