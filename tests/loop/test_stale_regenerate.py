@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hetrl.control.protocol import RolloutWork
+from hetrl.control.protocol import DropSamples, RolloutWork
 from hetrl.loop.orchestrator import Orchestrator
 from hetrl.monitor import names
 from hetrl.monitor.sinks import read_jsonl
@@ -94,6 +94,13 @@ def test_collect_batch_regenerates_a_stale_group_under_its_ids(monkeypatch, stal
     batch, dropped_stale, _ = orch.collect_batch(max_lag=1, target_groups=2)
     items = _items_sent(sent)
     assert [i.sample_id for i in items[:4]] == ["t0.0", "t0.1", "t1.0", "t1.1"]
+    # The stale samples are forgotten by their engine (dropped, or before their ids are generated again).
+    drops = [m.sample_ids for m in sent if isinstance(m, DropSamples)]
+    assert drops == [["t0.0", "t0.1"]]
+    if stale_policy == "regenerate":  # before the same ids go out again
+        drop_at = next(k for k, m in enumerate(sent) if isinstance(m, DropSamples))
+        again_at = max(k for k, m in enumerate(sent) if isinstance(m, RolloutWork) and m.items[0].group_id == "t0")
+        assert drop_at < again_at
     orch.ledger.trained.update(s.sample_id for g in batch for s in g)  # as Orchestrator.train does
     report = orch.ledger_report()
     if stale_policy == "drop":  # as before: a new task (t2) in its place

@@ -52,12 +52,13 @@ def test_each_holder_ships_each_replica_its_dealt_samples_once(monkeypatch):
     shards = step_shards(metas, 2, len(RECEIVERS))
     dealt = {receiver: {metas[i].sample_id for i in shard} for receiver, shard in zip(RECEIVERS, shards)}
     got: dict[int, list[str]] = {receiver: [] for receiver in RECEIVERS}
+    by_id = {m.sample_id: m for m in metas}
     for message in sent:
         if isinstance(message, ShipSamples):  # to an engine: its part of each replica's shard, with the verdicts
             assert message.step == 7
             for receiver, part in message.shards:
                 got[receiver] += [m.sample_id for m in part]
-                assert all(m is metas[[x.sample_id for x in metas].index(m.sample_id)] for m in part)
+                assert all(m is by_id[m.sample_id] for m in part)  # the metas themselves: their verdicts
         else:
             assert isinstance(message, TrainShard) and message.step == 7  # the orchestrator's own, scored
             receiver = next(r for r, ids in dealt.items() if message.samples[0].sample_id in ids)

@@ -241,7 +241,6 @@ class Orchestrator:
         """
         per_engine: dict[int, list[EpisodeItem]] = defaultdict(list)
         for group in groups:
-            self._drop_held(item.sample_id for item in group)  # a group generated again: its old samples go
             engine = min(self.engines, key=lambda r: self.engine_load[r])
             per_engine[engine].extend(group)
             for item in group:
@@ -733,6 +732,7 @@ class Orchestrator:
             raise RuntimeError(f"group {group_id} would be regenerated under other sample ids")
         for sample_id in ids:
             self._reward_s.pop(sample_id, None)
+        self._drop_held(ids)  # their engines forget the stale samples before the same ids come again
         ledger.regenerated += len(ids)
         self.regenerated += len(ids)
         self.dispatch([items], "train")
